@@ -1,0 +1,61 @@
+"""Allocation tracker: the largest and total tensor bytes allocated inside a call.
+
+A ``TorchDispatchMode`` sees every ATen op below autograd, on CPU and CUDA, so
+it measures what a submission allocates whatever device it runs on (peak GPU
+memory is the cross-check on CUDA). An op's output counts as an allocation
+unless its schema says it aliases an input (views, in-place and ``out=``
+ops). Tensors created by Triton kernels' wrappers through ``torch.empty``
+count like any other.
+
+Usage::
+
+    with AllocationTracker() as t:
+        out = f(q, k, v)
+    t.max_numel, t.max_bytes, t.total_bytes, t.largest  # largest: "aten.bmm (2, 4, 300, 300) float32"
+"""
+from __future__ import annotations
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_flatten
+
+
+class AllocationTracker(TorchDispatchMode):
+    """Record allocations made by ATen ops while active.
+
+    Attributes (units: elements and bytes):
+      ``max_numel``  elements of the largest tensor allocated;
+      ``max_bytes``  bytes of the largest tensor allocated;
+      ``total_bytes`` bytes allocated in all, freed or not;
+      ``largest``    the op, shape and dtype of the largest allocation;
+      ``ops``        names of every op seen (for "must not call" checks).
+    """
+
+    def __init__(self):
+        super().__init__()
+        self.max_numel = 0
+        self.max_bytes = 0
+        self.total_bytes = 0
+        self.largest = ""
+        self.ops: set[str] = set()
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        name = str(func.overloadpacket.__name__)
+        self.ops.add(name)
+        returns = func._schema.returns
+        outs = out if isinstance(out, (tuple, list)) else (out,)
+        for i, t in enumerate(outs):
+            aliased = i < len(returns) and returns[i].alias_info is not None
+            for leaf in tree_flatten(t)[0]:
+                if isinstance(leaf, torch.Tensor) and not aliased:
+                    self._record(name, leaf)
+        return out
+
+    def _record(self, name: str, t: torch.Tensor):
+        nbytes = t.numel() * t.element_size()
+        self.total_bytes += nbytes
+        if t.numel() > self.max_numel:
+            self.max_numel = t.numel()
+            self.max_bytes = nbytes
+            self.largest = f"aten.{name} {tuple(t.shape)} {str(t.dtype).replace('torch.', '')}"

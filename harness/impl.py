@@ -1,0 +1,109 @@
+"""Resolve and load one implementation of a lab: student stub, reference, or a submission.
+
+``--impl student`` is ``labs/NN``, ``--impl solution`` is ``solutions/NN`` and
+``--impl PATH`` is any directory holding ``NN/<module>.py`` or
+``labs/NN/<module>.py`` (a submission or a student's checkout). Modules are
+loaded by path under a private name, so the stub, the reference and a
+submission can live in one process, and spawned ranks can load the same file.
+The loaded module is checked against the contract (the stub's public names
+and signatures) once, pluggy-style, naming the module, the name and both
+signatures.
+"""
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import inspect
+import sys
+from pathlib import Path
+from types import ModuleType
+
+from .manifest import Course, Lab
+
+ALIASES = {"student": "labs", "solution": "solutions"}
+
+
+class ImplError(Exception):
+    """The implementation cannot be found, imported, or does not match the contract."""
+
+
+def impl_root(spec: str, course: Course, cwd: Path | None = None) -> Path:
+    """Directory under which ``NN/<module>.py`` lives for ``spec``."""
+    if spec in ALIASES:
+        return course.root / ALIASES[spec]
+    p = Path(spec)
+    if not p.is_absolute():
+        p = (cwd or Path.cwd()) / p
+    p = p.resolve()
+    if not p.is_dir():
+        raise ImplError(f"--impl {spec}: no such directory")
+    return p
+
+
+def module_path(root: Path, lab: Lab) -> Path:
+    """``root/NN/<module>.py``, or ``root/labs/NN/<module>.py`` for a checkout.
+    Raises ImplError naming both places looked at."""
+    candidates = [root / lab.number / lab.filename, root / "labs" / lab.number / lab.filename]
+    for c in candidates:
+        if c.is_file():
+            return c
+    raise ImplError(f"no {lab.number}/{lab.filename} in {root} (looked at "
+                    + " and ".join(str(c) for c in candidates) + ")")
+
+
+def load_module(path: Path | str) -> ModuleType:
+    """Import the file at ``path`` under a private, path-derived name.
+
+    Cached in ``sys.modules`` so that each file is imported once per process.
+    Raises ImplError with the exception type, message and line for a file
+    that fails to import (syntax errors included).
+    """
+    path = Path(path).resolve()
+    name = "labimpl_" + path.stem + "_" + hashlib.sha1(str(path).encode()).hexdigest()[:10]
+    if name in sys.modules:
+        return sys.modules[name]
+    spec = importlib.util.spec_from_file_location(name, path)
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[name] = mod
+    try:
+        spec.loader.exec_module(mod)
+    except BaseException as e:  # SystemExit from a submission must not end the run
+        del sys.modules[name]
+        where = ""
+        if isinstance(e, SyntaxError):
+            where = f" (line {e.lineno})"
+        else:
+            tb = e.__traceback__
+            while tb is not None:
+                if Path(tb.tb_frame.f_code.co_filename).resolve() == path:
+                    where = f" (line {tb.tb_lineno})"
+                tb = tb.tb_next
+        raise ImplError(f"importing {path.name} failed{where}: {type(e).__name__}: {e}") from None
+    return mod
+
+
+def _params(obj) -> list[tuple[str, object]] | None:
+    target = obj.__init__ if inspect.isclass(obj) else obj
+    try:
+        sig = inspect.signature(target)
+    except (TypeError, ValueError):
+        return None
+    return [(p.name, p.default) for p in sig.parameters.values()]
+
+
+def check_api(mod: ModuleType, contract: ModuleType | None, lab: Lab) -> list[str]:
+    """Problems with ``mod`` against the lab's API: missing names, and for each
+    function or class constructor, parameter names and defaults that differ
+    from the contract module (the stub). Empty list when it conforms."""
+    problems = []
+    for name in lab.api:
+        if not hasattr(mod, name):
+            problems.append(f"{name} is missing (the contract requires it)")
+            continue
+        if contract is None or not hasattr(contract, name):
+            continue
+        want, got = _params(getattr(contract, name)), _params(getattr(mod, name))
+        if want is not None and got is not None and want != got:
+            fmt = lambda ps: "(" + ", ".join(n if d is inspect.Parameter.empty else f"{n}={d!r}" for n, d in ps) + ")"
+            problems.append(f"{name}{fmt(got)} does not match the contract {name}{fmt(want)}")
+    return problems

@@ -1,0 +1,273 @@
+"""pytest plugin: the implementation fixture, the run seed, markers, results.
+
+Registered as a ``pytest11`` entry point, so ``pytest labs/04`` and the hidden
+graders get it without a conftest. It is inert outside a course tree (no
+``labs.yaml`` above the rootdir).
+
+Fixtures
+  ``lab``       the test's lab (``harness.manifest.Lab``), from its ``NN`` folder.
+  ``impl``      the implementation module chosen by ``--impl`` (student,
+                solution or PATH), loaded by path and checked against the contract.
+  ``impl_path`` the path of that module file (spawned ranks load it by path).
+  ``seed``      an int derived from the run seed and the test's node id.
+  ``gen``       a CPU ``torch.Generator`` seeded with ``seed``.
+  ``record_perf`` ``record_perf(name, ratio, **figures)``: report a performance
+                figure; graded when ``labs.yaml`` has a threshold for ``name``
+                and the test carries the ``perf`` marker.
+Markers: ``gpu``, ``perf``, ``part(name)``, ``points(weight)``.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import secrets
+import tempfile
+from pathlib import Path
+
+import pytest
+
+from . import impl as _impl
+from . import manifest as _manifest
+
+_state_key = pytest.StashKey["_LabsState"]()
+
+GPU_SKIP_REASON = "needs a CUDA GPU (torch.cuda.is_available() is False here); graded on a GPU runner"
+
+
+class _LabsState:
+    def __init__(self, config, course):
+        self.course = course
+        self.impl_spec = config.getoption("impl") or config.getini("labs_impl") or "student"
+        self.invocation_dir = Path(config.invocation_params.dir)
+        seed = config.getoption("labs_seed")
+        self.seed = int(seed) if seed is not None else secrets.randbits(32)
+        self._modules = {}
+
+    def lab_of(self, path: Path):
+        for part in reversed(Path(path).parts):
+            if part in self.course.labs:
+                return self.course.labs[part]
+        return None
+
+    def module_file(self, lab) -> Path:
+        root = _impl.impl_root(self.impl_spec, self.course, self.invocation_dir)
+        return _impl.module_path(root, lab)
+
+    def module(self, lab):
+        """Load once per lab; remember a failure so each test reports it."""
+        if lab.number not in self._modules:
+            try:
+                path = self.module_file(lab)
+                mod = _impl.load_module(path)
+                contract = None
+                stub = self.course.root / "labs" / lab.number / lab.filename
+                if stub.is_file() and stub.resolve() != path.resolve():
+                    contract = _impl.load_module(stub)
+                problems = _impl.check_api(mod, contract, lab)
+                if problems:
+                    raise _impl.ImplError(f"{path.name} does not match the lab {lab.number} contract: "
+                                          + "; ".join(problems))
+                self._modules[lab.number] = mod
+            except _impl.ImplError as e:
+                self._modules[lab.number] = e
+        got = self._modules[lab.number]
+        if isinstance(got, Exception):
+            raise got
+        return got
+
+
+def pytest_addoption(parser):
+    group = parser.getgroup("labs", "AI-infrastructure labs")
+    group.addoption("--impl", default=None, metavar="student|solution|PATH",
+                    help="implementation to test: the student stub in labs/NN (default), the "
+                         "reference in solutions/NN, or a directory holding NN/<module>.py")
+    parser.addini("labs_impl", "default for --impl", default="student")
+    group.addoption("--seed", dest="labs_seed", default=None, type=int,
+                    help="run seed for generated inputs (default: random, printed in the header)")
+    group.addoption("--labs-results", default=None, metavar="FILE",
+                    help="write per-test results as JSON to FILE (used by `labs grade`)")
+
+
+def pytest_configure(config):
+    for line in ("gpu: needs a CUDA GPU; skipped with the reason where there is none",
+                 "perf: performance test; credit scaled by the thresholds in labs.yaml",
+                 "part(name): the lab part this test grades (labs.yaml parts)",
+                 "points(weight): relative weight of this test within its part (default 1)"):
+        config.addinivalue_line("markers", line)
+    try:
+        root = _manifest.find_root(config.rootpath)
+    except _manifest.ManifestError:
+        return  # not a course tree: stay inert
+    course = _manifest.load(root)
+    config.stash[_state_key] = _LabsState(config, course)
+    out = config.getoption("labs_results")
+    if out and not hasattr(config, "workerinput"):
+        config.pluginmanager.register(ResultsWriter(Path(out)), "labs-results")
+
+
+def _state(config) -> _LabsState:
+    st = config.stash.get(_state_key, None)
+    if st is None:
+        raise pytest.UsageError("the labs plugin found no labs.yaml above the rootdir")
+    return st
+
+
+def pytest_report_header(config):
+    st = config.stash.get(_state_key, None)
+    if st is None:
+        return None
+    try:
+        import torch
+        device = torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu (no CUDA)"
+    except Exception:  # pragma: no cover - torch missing is reported by the tests themselves
+        device = "unknown"
+    return [f"labs: course {st.course.root}, impl {st.impl_spec}, device {device}",
+            f"labs: seed {st.seed} (replay with --seed {st.seed})"]
+
+
+def pytest_runtest_setup(item):
+    if item.get_closest_marker("gpu") is not None:
+        import torch
+        if not torch.cuda.is_available():
+            pytest.skip(GPU_SKIP_REASON)
+
+
+def _lab_for(request):
+    st = _state(request.config)
+    lab = st.lab_of(request.node.path)
+    if lab is None:
+        raise pytest.UsageError(f"{request.node.nodeid}: not inside a lab folder NN named in labs.yaml")
+    return st, lab
+
+
+@pytest.fixture(scope="session")
+def labs_course(request):
+    """The course manifest (``harness.manifest.Course``)."""
+    return _state(request.config).course
+
+
+@pytest.fixture
+def lab(request):
+    """The lab this test belongs to (``harness.manifest.Lab``)."""
+    return _lab_for(request)[1]
+
+
+@pytest.fixture
+def impl(request):
+    """The implementation module under test (see ``--impl``)."""
+    st, lab = _lab_for(request)
+    try:
+        return st.module(lab)
+    except _impl.ImplError as e:
+        pytest.fail(str(e), pytrace=False)
+
+
+@pytest.fixture
+def impl_path(request, impl):
+    """Path of the implementation module file (for spawned ranks)."""
+    return Path(impl.__file__)
+
+
+@pytest.fixture
+def seed(request):
+    """Per-test seed: sha256 of the run seed and the node id (pytest-randomly style)."""
+    st = _state(request.config)
+    digest = hashlib.sha256(f"{st.seed}:{request.node.nodeid}".encode()).digest()
+    return int.from_bytes(digest[:8], "little") >> 1
+
+
+@pytest.fixture
+def gen(seed):
+    """A CPU ``torch.Generator`` seeded for this test."""
+    import torch
+    return torch.Generator().manual_seed(seed)
+
+
+@pytest.fixture
+def record_perf(request):
+    """``record_perf(name, ratio, **figures)`` -- see the module docstring."""
+    def record(name: str, ratio: float | None, **figures):
+        entry = {"name": name, "ratio": None if ratio is None else float(ratio),
+                 "figures": {k: (float(v) if isinstance(v, (int, float)) else str(v)) for k, v in figures.items()}}
+        request.node.user_properties.append(("labs_perf", entry))
+    return record
+
+
+def pytest_terminal_summary(terminalreporter, config):
+    st = config.stash.get(_state_key, None)
+    if st is None:
+        return
+    lines = []
+    for rep in terminalreporter.getreports("passed") + terminalreporter.getreports("failed"):
+        for key, entry in getattr(rep, "user_properties", []):
+            if key == "labs_perf":
+                figs = ", ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in entry["figures"].items())
+                ratio = "n/a" if entry["ratio"] is None else f"{entry['ratio']:.3f}"
+                lines.append(f"{entry['name']}: ratio {ratio}  {figs}")
+    if lines:
+        terminalreporter.write_sep("-", "labs performance figures")
+        for line in lines:
+            terminalreporter.write_line(line)
+
+
+def _meta(item) -> dict:
+    part = item.get_closest_marker("part")
+    points = item.get_closest_marker("points")
+    return {"part": part.args[0] if part else None,
+            "weight": float(points.args[0]) if points else 1.0,
+            "gpu": item.get_closest_marker("gpu") is not None,
+            "perf": item.get_closest_marker("perf") is not None}
+
+
+def _message(report) -> str:
+    """The failure's own message (the grader's bug-class text), else the long repr, capped."""
+    crash = getattr(report.longrepr, "reprcrash", None)
+    text = crash.message if crash is not None else str(report.longrepr or "")
+    if isinstance(report.longrepr, tuple):  # skip: (file, line, reason)
+        text = report.longrepr[2]
+    return text[:4000]
+
+
+class ResultsWriter:
+    """Writes every collected test and its outcome to a JSON file, rewritten
+    atomically after each test, so a crash or kill mid-run loses nothing
+    already graded (tests never reached stay ``pending``)."""
+
+    def __init__(self, path: Path):
+        self.path = path
+        self.tests: dict[str, dict] = {}
+        self.errors: list[str] = []
+
+    def _flush(self, finished=False):
+        data = {"finished": finished, "errors": self.errors, "tests": list(self.tests.values())}
+        fd, tmp = tempfile.mkstemp(dir=self.path.parent, prefix=".results-")
+        with os.fdopen(fd, "w") as f:
+            json.dump(data, f)
+        os.replace(tmp, self.path)
+
+    def pytest_collectreport(self, report):
+        if report.failed:
+            self.errors.append(f"collecting {report.nodeid}: {str(report.longrepr)[-2000:]}")
+
+    def pytest_collection_modifyitems(self, items):
+        for item in items:
+            self.tests[item.nodeid] = {"nodeid": item.nodeid, "name": item.name, **_meta(item),
+                                       "outcome": "pending", "message": "", "duration": 0.0, "perf": []}
+        self._flush()
+
+    def pytest_runtest_logreport(self, report):
+        t = self.tests.get(report.nodeid)
+        if t is None:
+            return
+        t["duration"] += report.duration
+        if report.when == "call" or report.outcome != "passed":
+            if t["outcome"] in ("pending", "passed"):
+                t["outcome"] = "error" if (report.failed and report.when != "call") else report.outcome
+                t["message"] = _message(report) if report.outcome != "passed" else ""
+        t["perf"] = [e for k, e in report.user_properties if k == "labs_perf"]
+        if report.when == "teardown":
+            self._flush()
+
+    def pytest_sessionfinish(self, session):
+        self._flush(finished=True)

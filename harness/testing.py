@@ -1,0 +1,136 @@
+"""Shared helpers for visible tests and hidden graders: inputs, assertions, rules.
+
+Graders import these instead of copying them (design.md, "Dependency rules").
+Messages follow the grader style: the bug class first, then the smallest
+failing case, then a few elements.
+"""
+from __future__ import annotations
+
+import contextlib
+import importlib
+from typing import Iterable, Sequence
+
+import pytest
+import torch
+
+DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16, "fp64": torch.float64}
+
+
+def devices() -> list:
+    """Params for a ``device`` argument: cpu everywhere, cuda with the ``gpu`` mark."""
+    return ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)]
+
+
+def tolerance(dtype: torch.dtype, device: str, grad: bool = False) -> tuple[float, float]:
+    """(atol, rtol) of the contract: float32 1e-5 on CPU, 2e-3 on CUDA (TF32; 1e-2
+    for gradients); float16 and bfloat16 from their rounding (2^-10, 2^-7 ulps)."""
+    if dtype == torch.float64:
+        return 1e-10, 1e-10
+    if dtype == torch.float32:
+        if str(device).startswith("cuda"):
+            return (1e-2, 1e-2) if grad else (2e-3, 2e-3)
+        return (1e-4, 1e-4) if grad else (1e-5, 1e-5)
+    if dtype == torch.float16:
+        return (2e-2, 2e-2) if grad else (5e-3, 5e-3)
+    if dtype == torch.bfloat16:
+        return (6e-2, 6e-2) if grad else (3e-2, 3e-2)
+    raise TypeError(f"no tolerance for dtype {dtype}")
+
+
+def randn(shape: Sequence[int], gen: torch.Generator, *, dtype=torch.float32, device="cpu",
+          layout: str = "contiguous", scale: float = 1.0) -> torch.Tensor:
+    """Standard normal values (drawn on CPU from ``gen``, so identical on every device)
+    in one of three layouts holding the same values: ``contiguous``; ``strided``
+    (a view taking every other element of the last dim of a wider buffer);
+    ``transposed`` (the last two dims stored swapped). Raises ValueError for
+    another layout."""
+    x = torch.randn(*shape, generator=gen, dtype=torch.float32) * scale
+    if layout == "contiguous":
+        out = x.to(dtype)
+    elif layout == "strided":
+        wide = torch.zeros(*shape[:-1], 2 * shape[-1], dtype=dtype)
+        wide[..., ::2] = x.to(dtype)
+        out = wide[..., ::2]
+    elif layout == "transposed":
+        out = x.to(dtype).transpose(-1, -2).contiguous().transpose(-1, -2)
+    else:
+        raise ValueError(f"layout must be contiguous, strided or transposed, got {layout!r}")
+    if device != "cpu":
+        # move the underlying buffer, keeping the layout
+        base = out if out._base is None else out._base
+        moved = base.to(device)
+        out = moved.as_strided(out.shape, out.stride(), out.storage_offset())
+    return out
+
+
+def _fmt_index(flat: int, shape) -> tuple:
+    return tuple(int(i) for i in torch.unravel_index(torch.tensor(flat), tuple(shape)))
+
+
+def assert_close(actual, expected: torch.Tensor, *, atol: float, rtol: float, what: str,
+                 case: str = "", equal_nan: bool = False, max_show: int = 3) -> None:
+    """Compare ``actual`` to ``expected`` (any dtypes; compared in float64).
+
+    Raises AssertionError naming ``what`` and ``case``: wrong type, shape, NaN
+    or Inf where the reference is finite, and otherwise the number of elements
+    outside ``atol + rtol * |expected|`` with the worst few (index, got, want).
+    ``-inf``/``inf`` must match exactly where the reference has them."""
+    where = f" ({case})" if case else ""
+    if type(actual) is not torch.Tensor:
+        raise AssertionError(f"{what}{where}: expected a torch.Tensor, got {type(actual).__name__}")
+    if tuple(actual.shape) != tuple(expected.shape):
+        raise AssertionError(f"{what}{where}: shape {tuple(actual.shape)}, expected {tuple(expected.shape)}")
+    a = actual.detach().to("cpu", torch.float64)
+    e = expected.detach().to("cpu", torch.float64)
+    nan = torch.isnan(a) & ~(torch.isnan(e) if equal_nan else torch.zeros_like(a, dtype=torch.bool))
+    if nan.any():
+        idx = [_fmt_index(i, a.shape) for i in nan.flatten().nonzero()[:max_show, 0].tolist()]
+        raise AssertionError(f"{what}{where}: NaN at {int(nan.sum())} element(s), first at {idx}")
+    inf_e, inf_a = torch.isinf(e), torch.isinf(a)
+    inf_bad = (inf_e | inf_a) & ~((inf_e & inf_a) & (torch.sign(a) == torch.sign(e)))
+    if inf_bad.any():
+        i = int(inf_bad.flatten().nonzero()[0, 0])
+        raise AssertionError(f"{what}{where}: infinity mismatch at {int(inf_bad.sum())} element(s), first at "
+                             f"{_fmt_index(i, a.shape)}: got {a.flatten()[i].item()}, expected {e.flatten()[i].item()}")
+    finite = ~inf_e
+    err = torch.where(finite, (a - e).abs(), torch.zeros_like(a))
+    bad = err > atol + rtol * e.abs().where(finite, torch.zeros_like(e))
+    if bad.any():
+        worst = torch.argsort(err.flatten(), descending=True)[:max_show].tolist()
+        shown = ", ".join(f"{_fmt_index(i, a.shape)}: got {a.flatten()[i].item():.6g}, "
+                          f"want {e.flatten()[i].item():.6g}" for i in worst)
+        raise AssertionError(f"{what}{where}: {int(bad.sum())} of {a.numel()} elements differ beyond "
+                             f"atol={atol:g}, rtol={rtol:g} (max abs error {err.max().item():.3g}); {shown}")
+
+
+@contextlib.contextmanager
+def forbid_calls(targets: Iterable[str], modules: Iterable = (), reason: str = "the contract forbids it"):
+    """Patch each dotted ``targets`` entry (e.g. ``torch.nn.functional.scaled_dot_product_attention``)
+    to raise ``AssertionError`` while active, in its home module and in every module of
+    ``modules`` that bound it by name (``from torch.nn.functional import ...``)."""
+    patches = []
+    for target in targets:
+        mod_name, attr = target.rsplit(".", 1)
+        home = importlib.import_module(mod_name)
+        original = getattr(home, attr)
+
+        def forbidden(*a, _t=target, **k):
+            raise AssertionError(f"called {_t}: {reason}")
+
+        patches.append((home, attr, original, forbidden))
+        for m in modules:
+            for name, value in list(vars(m).items()):
+                if value is original:
+                    patches.append((m, name, original, forbidden))
+    try:
+        for obj, attr, _, new in patches:
+            setattr(obj, attr, new)
+        yield
+    finally:
+        for obj, attr, old, _ in reversed(patches):
+            setattr(obj, attr, old)
+
+
+def call_id(**kw) -> str:
+    """Readable test id: ``call_id(B=2, H=3, Lq=1, dtype="fp16")`` -> ``B2-H3-Lq1-fp16``."""
+    return "-".join(f"{k}{v}" if k != "dtype" else str(v) for k, v in kw.items())
