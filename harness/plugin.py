@@ -95,15 +95,37 @@ def pytest_configure(config):
                  "part(name): the lab part this test grades (labs.yaml parts)",
                  "points(weight): relative weight of this test within its part (default 1)"):
         config.addinivalue_line("markers", line)
-    try:
-        root = _manifest.find_root(config.rootpath)
-    except _manifest.ManifestError:
+    root = _course_root(config)
+    if root is None:
         return  # not a course tree: stay inert
     course = _manifest.load(root)
     config.stash[_state_key] = _LabsState(config, course)
+    _triton_interpreter_without_cuda(course)
     out = config.getoption("labs_results")
     if out and not hasattr(config, "workerinput"):
         config.pluginmanager.register(ResultsWriter(Path(out)), "labs-results")
+
+
+def _course_root(config):
+    """labs.yaml at or above the rootdir, else the invocation dir (pytest may pick a
+    rootdir above the course when an option value such as ``--impl ../x`` is a path)."""
+    for start in (config.rootpath, config.invocation_params.dir):
+        try:
+            return _manifest.find_root(start)
+        except _manifest.ManifestError:
+            continue
+    return None
+
+
+def _triton_interpreter_without_cuda(course):
+    """Triton kernels run on CPU only under its interpreter, which Triton reads when a
+    kernel is decorated: set ``TRITON_INTERPRET=1`` before any lab module is imported
+    when a lab needs Triton and there is no CUDA device (an explicit setting wins)."""
+    if "TRITON_INTERPRET" in os.environ or not any("triton" in lab.requires for lab in course.labs.values()):
+        return
+    import torch
+    if not torch.cuda.is_available():
+        os.environ["TRITON_INTERPRET"] = "1"
 
 
 def _state(config) -> _LabsState:
@@ -224,6 +246,7 @@ def _message(report) -> str:
     """The failure's own message (the grader's bug-class text), else the long repr, capped."""
     crash = getattr(report.longrepr, "reprcrash", None)
     text = crash.message if crash is not None else str(report.longrepr or "")
+    text = text.removeprefix("Failed: ")
     if isinstance(report.longrepr, tuple):  # skip: (file, line, reason)
         text = report.longrepr[2]
     return text[:4000]

@@ -1,0 +1,1 @@
+"""AI-infrastructure lab framework: manifest, pytest plugin, grading, CLI."""

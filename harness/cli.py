@@ -1,0 +1,156 @@
+"""``labs``: the command line for students and course staff.
+
+Verb first (``labs list``, ``labs test 04``, ``labs grade PATH --lab 04``).
+Data goes to stdout (or ``--json FILE``); errors are one line on stderr,
+``labs: error: <what> (<where>)`` plus a hint, tracebacks only with
+``--traceback``. Exit codes are ``ExitCode``.
+"""
+from __future__ import annotations
+
+import enum
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import click
+from rich.console import Console
+from rich.table import Table
+
+from . import grading, manifest
+
+
+class ExitCode(enum.IntEnum):
+    OK = 0              # the command ran (for grade: grading ran, whatever the score)
+    GRADING_FAILED = 1  # grading itself could not run (graders broken, timeout of the harness)
+    USAGE = 2           # bad arguments: unknown lab, missing path, invalid labs.yaml
+
+
+class LabsError(click.ClickException):
+    """One-line error with an exit code and an optional hint."""
+
+    def __init__(self, message: str, code: ExitCode = ExitCode.USAGE, hint: str = ""):
+        super().__init__(message)
+        self.exit_code = int(code)
+        self.hint = hint
+
+    def show(self, file=None):
+        click.echo(f"labs: error: {self.message}", err=True)
+        if self.hint:
+            click.echo(f"  hint: {self.hint}", err=True)
+
+
+def _console() -> Console:
+    return Console(highlight=False, soft_wrap=True)
+
+
+def _course(ctx) -> manifest.Course:
+    try:
+        return manifest.load(ctx.obj.get("course"))
+    except manifest.ManifestError as e:
+        raise LabsError(str(e), hint="run inside the course repository or pass --course DIR") from None
+
+
+def _lab(course, number):
+    try:
+        return course.lab(number)
+    except (KeyError, ValueError):
+        raise LabsError(f"no lab {number!r} (labs.yaml lists {', '.join(sorted(course.labs))})",
+                        hint="`labs list` shows the labs") from None
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.option("--course", type=click.Path(file_okay=False, path_type=Path), default=None,
+              help="Course root holding labs.yaml (default: search upwards from the current directory).")
+@click.option("--traceback", is_flag=True, help="Show Python tracebacks for errors.")
+@click.pass_context
+def main(ctx, course, traceback):
+    """Auto-graded AI-infrastructure labs: test, grade and track your work."""
+    ctx.ensure_object(dict)
+    ctx.obj.update(course=course, traceback=traceback)
+
+
+@main.command("list")
+@click.option("--json", "as_json", is_flag=True, help="Print the labs as JSON.")
+@click.pass_context
+def list_labs(ctx, as_json):
+    """List the labs with their parts, points and GPU needs."""
+    course = _course(ctx)
+    rows = []
+    for num, lab in sorted(course.labs.items()):
+        rows.append({"lab": num, "title": lab.title, "module": f"labs/{num}/{lab.filename}",
+                     "parts": {k: p.points for k, p in lab.parts.items()}, "points": lab.points,
+                     "gpu": "perf graded on GPU" if lab.perf else "none",
+                     "stub": (course.root / "labs" / num / lab.filename).is_file()})
+    if as_json:
+        click.echo(json.dumps(rows, indent=2))
+        return
+    table = Table(title=course.name)
+    for col in ("Lab", "Title", "Parts (points)", "Total", "GPU", "Module"):
+        table.add_column(col)
+    for r in rows:
+        parts = ", ".join(f"{k} {v:g}" for k, v in r["parts"].items())
+        table.add_row(r["lab"], r["title"], parts, f"{r['points']:g}", r["gpu"],
+                      r["module"] if r["stub"] else f"{r['module']} (missing)")
+    _console().print(table)
+
+
+@main.command("test", context_settings={"ignore_unknown_options": True})
+@click.argument("lab")
+@click.argument("pytest_args", nargs=-1, type=click.UNPROCESSED)
+@click.pass_context
+def test(ctx, lab, pytest_args):
+    """Run a lab's visible tests: the same as `pytest labs/NN [PYTEST_ARGS]`."""
+    course = _course(ctx)
+    lab = _lab(course, lab)
+    cmd = [sys.executable, "-m", "pytest", f"labs/{lab.number}", *pytest_args]
+    ctx.exit(subprocess.call(cmd, cwd=course.root))
+
+
+@main.command()
+@click.argument("path", type=click.Path(path_type=Path))
+@click.option("--lab", "lab_number", required=True, help="Lab number, e.g. 04.")
+@click.option("--json", "json_path", type=click.Path(dir_okay=False, path_type=Path), default=None,
+              help="Write Gradescope's results.json schema to this file.")
+@click.option("--seed", type=int, default=None, help="Replay a run seed (default: a fresh secret seed).")
+@click.option("--timeout", "timeout_s", type=float, default=None,
+              help="Wall-clock limit in seconds for the whole run (default: labs.yaml).")
+@click.pass_context
+def grade(ctx, path, lab_number, json_path, seed, timeout_s):
+    """Grade the code at PATH with the hidden graders.
+
+    PATH is a checkout root holding labs/NN/ or a directory holding NN/<module>.py
+    (`solutions` for the reference, `labs` for the stubs). Exit status 0 whenever
+    grading ran, whatever the score.
+    """
+    course = _course(ctx)
+    lab = _lab(course, lab_number)
+    if not path.is_dir():
+        raise LabsError(f"submission {path} is not a directory", hint="pass a checkout or a folder holding NN/<module>.py")
+    try:
+        result = grading.grade(path, lab, course, seed=seed, timeout_s=timeout_s)
+    except grading.GradingError as e:
+        if ctx.obj["traceback"]:
+            raise
+        raise LabsError(str(e), ExitCode.GRADING_FAILED, hint="check graders/ and labs.yaml") from None
+    for note in result.notes:
+        click.echo(f"labs: note: {note}", err=True)
+    _print_result(result, lab)
+    if json_path:
+        grading.write_json_atomic(json_path, result.to_gradescope())
+
+
+def _print_result(result: grading.GradeResult, lab) -> None:
+    table = Table(title=f"Lab {lab.number} — {lab.title}: {result.submission}")
+    for col, kw in (("Part", {}), ("Test", {}), ("Result", {}), ("Points", {"justify": "right"}), ("Message", {})):
+        table.add_column(col, **kw)
+    style = {"passed": "green", "failed": "red", "error": "red", "skipped": "yellow", "not run": "red"}
+    for t in result.tests:
+        msg = t.output.splitlines()[0][:110] if t.output else ""
+        table.add_row(t.part, t.name, f"[{style.get(t.outcome, '')}]{t.outcome}[/]",
+                      f"{t.score:.2f}/{t.max_score:.2f}", msg)
+    console = _console()
+    console.print(table)
+    console.print(f"score {result.score:g} / {result.max_score:g} "
+                  f"(runnable here: {result.max_score_runnable:g}); seed {result.seed}; "
+                  f"{result.duration_s:.1f} s")

@@ -1,0 +1,238 @@
+"""Grade one submission of one lab with the hidden graders.
+
+The pipeline is an ordered list of small steps (nbgrader's converters style):
+
+1. ``stage``   copy only ``NN/<module>.py`` from the submission into a fresh
+               trusted tree; everything else is listed as ignored;
+2. ``run``     run ``pytest graders/NN --impl <staged>`` in a separate process
+               with a secret run seed, a wall-clock limit and a per-test limit;
+               the results plugin rewrites its JSON after every test, so a
+               crash or timeout keeps what was graded;
+3. ``score``   turn outcomes into points: a part's points are shared by its
+               tests by weight; perf tests are scaled by ``labs.yaml``
+               thresholds; GPU tests that could not run score 0, tagged
+               ``skipped``, and are left out of ``max_score_runnable``;
+4. ``report``  a table (CLI) or Gradescope's ``results.json``.
+
+Grading "ran" whenever step 2 produced results, whatever the score; it
+*fails* (``GradingError``) only when the graders themselves are broken or
+missing.
+"""
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from . import impl as _impl
+from .manifest import Course, Lab
+
+
+class GradingError(Exception):
+    """Grading could not run (graders missing or broken, bad course config)."""
+
+
+@dataclass
+class TestResult:
+    name: str
+    nodeid: str
+    part: str
+    max_score: float
+    score: float
+    outcome: str  # passed, failed, error, skipped, not run
+    output: str = ""
+    duration_s: float = 0.0
+    tags: list[str] = field(default_factory=list)
+    perf: list[dict] = field(default_factory=list)
+
+    @property
+    def runnable(self) -> bool:
+        return self.outcome != "skipped"
+
+
+@dataclass
+class GradeResult:
+    lab: str
+    submission: str
+    seed: int
+    tests: list[TestResult]
+    duration_s: float
+    notes: list[str] = field(default_factory=list)
+    ignored: list[str] = field(default_factory=list)
+
+    @property
+    def score(self) -> float:
+        return round(sum(t.score for t in self.tests), 4)
+
+    @property
+    def max_score(self) -> float:
+        return round(sum(t.max_score for t in self.tests), 4)
+
+    @property
+    def max_score_runnable(self) -> float:
+        return round(sum(t.max_score for t in self.tests if t.runnable), 4)
+
+    def to_gradescope(self, visibility: str = "visible") -> dict:
+        """Gradescope's autograder ``results.json`` schema."""
+        tests = [{"name": f"{t.part}: {t.name}", "score": round(t.score, 4), "max_score": round(t.max_score, 4),
+                  "status": "passed" if t.outcome == "passed" and t.score >= t.max_score - 1e-9 else "failed",
+                  "output": t.output, "visibility": visibility, "tags": t.tags}
+                 for t in self.tests]
+        leaderboard = [{"name": p["name"], "value": round(p["ratio"], 4), "order": "asc"}
+                       for t in self.tests for p in t.perf if p.get("ratio") is not None]
+        return {"score": self.score, "execution_time": round(self.duration_s, 2),
+                "output": "\n".join(self.notes), "visibility": visibility, "stdout_visibility": "hidden",
+                "tests": tests, "leaderboard": leaderboard,
+                "extra_data": {"lab": self.lab, "max_score": self.max_score,
+                               "max_score_runnable": self.max_score_runnable, "seed": self.seed,
+                               "ignored_files": self.ignored}}
+
+    def to_json(self) -> dict:
+        d = asdict(self)
+        d.update(score=self.score, max_score=self.max_score, max_score_runnable=self.max_score_runnable)
+        return d
+
+
+# --- step 1: stage ---------------------------------------------------------
+
+def stage(submission: Path, lab: Lab, workdir: Path) -> tuple[Path, list[str], list[str]]:
+    """Copy the submission's ``NN/<module>.py`` into ``workdir/impl/NN/``.
+
+    Returns ``(impl_root, notes, ignored)``. A missing module is a note (every
+    test will fail naming it), not an error: the submission still gets a row.
+    """
+    impl_root = workdir / "impl"
+    dest = impl_root / lab.number
+    dest.mkdir(parents=True)
+    notes, ignored = [], []
+    try:
+        src = _impl.module_path(submission, lab)
+    except _impl.ImplError as e:
+        notes.append(str(e))
+        return impl_root, notes, ignored
+    shutil.copyfile(src, dest / lab.filename)
+    ignored = sorted(str(p.relative_to(src.parent)) for p in src.parent.rglob("*")
+                     if p.is_file() and p != src and "__pycache__" not in p.parts)
+    if ignored:
+        notes.append(f"graded only {lab.number}/{lab.filename}; ignored {len(ignored)} other file(s) in its folder")
+    return impl_root, notes, ignored
+
+
+# --- step 2: run -----------------------------------------------------------
+
+def run(course: Course, lab: Lab, impl_root: Path, results: Path, seed: int,
+        timeout_s: float | None = None) -> tuple[dict, str]:
+    """Run the lab's graders on ``impl_root`` in a child process group.
+
+    Returns ``(raw results, note)``; note is empty unless the run ended early.
+    Raises GradingError when the graders are missing or fail to collect."""
+    graders = course.root / "graders" / lab.number
+    if not graders.is_dir():
+        raise GradingError(f"no hidden graders for lab {lab.number} ({graders})")
+    timeout_s = timeout_s or lab.limits.timeout_s
+    cmd = [sys.executable, "-m", "pytest", str(graders), "--impl", str(impl_root), "--seed", str(seed),
+           "--labs-results", str(results), "--rootdir", str(course.root), "-q", "-p", "no:cacheprovider",
+           "-o", "addopts=--import-mode=importlib", f"--timeout={lab.limits.test_timeout_s}"]
+    env = {**os.environ, "PYTHONDONTWRITEBYTECODE": "1", "LABS_COURSE": str(course.root)}
+    proc = subprocess.Popen(cmd, cwd=course.root, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True, start_new_session=True)
+    note = ""
+    try:
+        out, _ = proc.communicate(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        out, _ = proc.communicate()
+        note = f"the grader run exceeded its {timeout_s:.0f} s limit and was stopped"
+    if not results.exists():
+        raise GradingError(f"the grader run produced no results (exit {proc.returncode}): {out[-1500:]}")
+    raw = json.loads(results.read_text())
+    if raw["errors"]:
+        raise GradingError("graders failed to collect: " + raw["errors"][0][-1500:])
+    if not raw["tests"]:
+        raise GradingError(f"no grader tests collected in {graders}")
+    if not note and not raw["finished"]:
+        note = f"the grader run ended early (exit code {proc.returncode})"
+    return raw, note
+
+
+# --- step 3: score ---------------------------------------------------------
+
+def score(raw: dict, lab: Lab, note: str = "") -> list[TestResult]:
+    """Points per test from ``labs.yaml`` parts and the tests' weights."""
+    tests = raw["tests"]
+    for t in tests:
+        if t["part"] not in lab.parts:
+            raise GradingError(f"grader test {t['nodeid']} has part {t['part']!r}; "
+                               f"lab {lab.number} parts are {', '.join(lab.parts)}")
+    weight = {p: sum(t["weight"] for t in tests if t["part"] == p) for p in lab.parts}
+    for p, w in weight.items():
+        if w == 0:
+            raise GradingError(f"lab {lab.number} part {p} has {lab.parts[p].points} points but no grader test")
+    out = []
+    for t in tests:
+        max_score = lab.parts[t["part"]].points * t["weight"] / weight[t["part"]]
+        outcome, message, tags = t["outcome"], t["message"], [f"part {t['part']}"]
+        frac = 1.0 if outcome == "passed" else 0.0
+        if outcome == "pending":
+            outcome, message = "not run", f"not run: {note or 'the grader run ended before this test'}"
+        if outcome == "skipped":
+            tags.append("skipped")
+            message = f"skipped: {message.removeprefix('Skipped: ')}"
+        if t["gpu"]:
+            tags.append("gpu")
+        for p in t["perf"]:
+            threshold = lab.perf.get(p["name"])
+            if t["perf"] and threshold is not None and outcome == "passed":
+                frac *= threshold.credit(p["ratio"])
+                message = (f"{p['name']}: {p['ratio']:.3f}x {threshold.baseline} time; full credit at "
+                           f"<= {threshold.full_credit}x, none at >= {threshold.zero_credit}x")
+        out.append(TestResult(name=t["name"], nodeid=t["nodeid"], part=t["part"], max_score=max_score,
+                              score=max_score * frac, outcome=outcome, output=message,
+                              duration_s=t["duration"], tags=tags, perf=t["perf"]))
+    return out
+
+
+# --- the pipeline ----------------------------------------------------------
+
+def grade(submission: Path | str, lab: Lab, course: Course, *, seed: int | None = None,
+          timeout_s: float | None = None) -> GradeResult:
+    """Grade the code at ``submission`` (a checkout root with ``labs/NN/`` or a
+    directory with ``NN/<module>.py``) for ``lab``.
+
+    ``seed`` defaults to a fresh secret per run (kept in the result so staff can
+    replay a disputed grade). Raises GradingError when grading cannot run,
+    FileNotFoundError when ``submission`` does not exist."""
+    submission = Path(submission).resolve()
+    if not submission.is_dir():
+        raise FileNotFoundError(f"submission {submission} is not a directory")
+    seed = secrets.randbits(32) if seed is None else seed
+    t0 = time.monotonic()
+    with tempfile.TemporaryDirectory(prefix="labs-grade-") as tmp:
+        work = Path(tmp)
+        impl_root, notes, ignored = stage(submission, lab, work)
+        raw, note = run(course, lab, impl_root, work / "results.json", seed, timeout_s)
+    if note:
+        notes.append(note)
+    tests = score(raw, lab, note)
+    for t in tests:  # name the submission, not the temporary copy, in messages
+        t.output = t.output.replace(str(impl_root), str(submission))
+    return GradeResult(lab=lab.number, submission=str(submission), seed=seed, tests=tests,
+                       duration_s=time.monotonic() - t0, notes=notes, ignored=ignored)
+
+
+def write_json_atomic(path: Path | str, data: dict) -> None:
+    """Write ``data`` as JSON to ``path`` via a temporary file and rename (never half-written)."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}-")
+    with os.fdopen(fd, "w") as f:
+        json.dump(data, f, indent=2)
+    os.replace(tmp, path)

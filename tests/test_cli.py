@@ -1,0 +1,103 @@
+"""`labs list`, `labs test`, `labs grade` on the toy course: scores, JSON schema, errors."""
+import json
+import subprocess
+import sys
+
+import pytest
+
+
+def labs(cwd, *args):
+    return subprocess.run([sys.executable, "-m", "harness", *args], cwd=cwd, capture_output=True,
+                          text=True, timeout=300)
+
+
+def test_list_shows_labs_parts_and_points(toy_course):
+    p = labs(toy_course, "list", "--json")
+    assert p.returncode == 0
+    (row,) = json.loads(p.stdout)
+    assert row["lab"] == "07" and row["parts"] == {"A": 6, "B": 4} and row["points"] == 10
+    p = labs(toy_course, "list")
+    assert "Toy lab" in p.stdout and "A 6, B 4" in p.stdout
+
+
+def test_test_runs_visible_tests_like_pytest(toy_course):
+    p = labs(toy_course, "test", "07", "-q")
+    assert p.returncode == 1 and "NotImplementedError" in p.stdout
+    p = labs(toy_course, "test", "7", "--impl", "solution", "-q")
+    assert p.returncode == 0, p.stdout
+
+
+def test_grade_reference_gets_full_runnable_marks_with_gradescope_json(toy_course, tmp_path):
+    out = tmp_path / "results.json"
+    p = labs(toy_course, "grade", "solutions", "--lab", "07", "--json", str(out))
+    assert p.returncode == 0, p.stderr
+    r = json.loads(out.read_text())
+    # A (6 points): weights 1, 2, 1 -> 1.5, 3, 1.5 (the GPU one skipped); B (4): perf ratio 2.0 -> half credit
+    assert r["extra_data"]["max_score_runnable"] == pytest.approx(8.5)
+    assert r["score"] == pytest.approx(1.5 + 3 + 2)
+    assert {"score", "execution_time", "tests", "leaderboard", "visibility"} <= set(r)
+    for t in r["tests"]:
+        assert {"name", "score", "max_score", "status", "output", "visibility", "tags"} <= set(t)
+        assert t["status"] in ("passed", "failed")
+    gpu = next(t for t in r["tests"] if "test_on_gpu" in t["name"])
+    assert gpu["score"] == 0 and "skipped" in gpu["tags"] and "needs a CUDA GPU" in gpu["output"]
+    speed = next(t for t in r["tests"] if "test_speed" in t["name"])
+    assert speed["score"] == pytest.approx(2.0) and "2.000x torch.add" in speed["output"]
+    assert r["leaderboard"] == [{"name": "add_vs_torch", "value": 2.0, "order": "asc"}]
+
+
+def test_grade_stub_scores_zero_and_exits_0(toy_course, tmp_path):
+    out = tmp_path / "r.json"
+    p = labs(toy_course, "grade", "labs", "--lab", "07", "--json", str(out))
+    assert p.returncode == 0
+    r = json.loads(out.read_text())
+    assert r["score"] == 0
+    assert "NotImplementedError: Part A" in r["tests"][0]["output"]
+
+
+def test_grade_submission_with_syntax_error_still_gets_a_row(toy_course, tmp_path):
+    (tmp_path / "sub/labs/07").mkdir(parents=True)
+    (tmp_path / "sub/labs/07/toy.py").write_text("def add(x, y=1:\n")
+    (tmp_path / "sub/labs/07/notes.txt").write_text("hi")
+    p = labs(toy_course, "grade", str(tmp_path / "sub"), "--lab", "07", "--json", str(tmp_path / "r.json"))
+    assert p.returncode == 0
+    r = json.loads((tmp_path / "r.json").read_text())
+    assert r["score"] == 0 and "SyntaxError" in r["tests"][0]["output"]
+    assert r["extra_data"]["ignored_files"] == ["notes.txt"]
+    assert "ignored 1 other file" in p.stderr
+
+
+@pytest.mark.parametrize("args, code, message", [
+    (["grade", "solutions", "--lab", "99"], 2, "labs: error: no lab '99' (labs.yaml lists 07)"),
+    (["grade", "nowhere", "--lab", "07"], 2, "labs: error: submission nowhere is not a directory"),
+    (["test", "12"], 2, "labs: error: no lab '12'"),
+])
+def test_usage_errors_are_one_line_with_exit_2(toy_course, args, code, message):
+    p = labs(toy_course, *args)
+    assert p.returncode == code
+    assert p.stderr.splitlines()[0].startswith(message)
+    assert "Traceback" not in p.stderr
+
+
+def test_broken_graders_fail_grading_with_exit_1(toy_course):
+    (toy_course / "graders/07/test_broken.py").write_text("import nonexistent_module\n")
+    p = labs(toy_course, "grade", "solutions", "--lab", "07")
+    assert p.returncode == 1
+    assert p.stderr.startswith("labs: error: graders failed to collect")
+
+
+def test_grader_without_part_marker_is_a_grading_error(toy_course):
+    (toy_course / "graders/07/test_nopart.py").write_text("def test_x(impl):\n    pass\n")
+    p = labs(toy_course, "grade", "solutions", "--lab", "07")
+    assert p.returncode == 1 and "has part None" in p.stderr
+
+
+def test_timeout_keeps_finished_tests_and_marks_the_rest_not_run(toy_course, tmp_path):
+    (toy_course / "graders/07/test_zz_hang.py").write_text(
+        "import pytest, time\n@pytest.mark.part('B')\ndef test_hangs(impl):\n    time.sleep(600)\n")
+    p = labs(toy_course, "grade", "solutions", "--lab", "07", "--timeout", "20", "--json", str(tmp_path / "r.json"))
+    assert p.returncode == 0, p.stderr
+    r = json.loads((tmp_path / "r.json").read_text())
+    hang = next(t for t in r["tests"] if "test_hangs" in t["name"])
+    assert hang["score"] == 0 and "exceeded its 20 s limit" in hang["output"]
+    assert r["score"] > 0  # tests graded before the hang keep their points

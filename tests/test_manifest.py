@@ -1,0 +1,61 @@
+"""labs.yaml loading and validation."""
+import pytest
+
+from harness import manifest
+from harness.manifest import PerfThreshold
+
+from .conftest import ROOT
+
+
+def test_course_manifest_loads_with_six_labs():
+    course = manifest.load(ROOT)
+    assert sorted(course.labs) == ["01", "02", "03", "04", "05", "06"]
+    for number, lab in course.labs.items():
+        assert lab.number == number
+        assert lab.points > 0
+        assert (ROOT / "labs" / number).is_dir() or number not in ("04",)
+
+
+def test_lab_lookup_accepts_int_and_names_known_labs():
+    course = manifest.load(ROOT)
+    assert course.lab(4) is course.lab("04") is course.lab("4")
+    with pytest.raises(KeyError, match="labs: 01, 02"):
+        course.lab(99)
+
+
+@pytest.mark.parametrize("bad, message", [
+    ("name: x\nlabs:\n  '4': {title: t, module: m, api: [], parts: {A: {title: a, points: 1}}}\n", "two-digit"),
+    ("name: x\nlabs:\n  '04': {title: t, module: m, api: [], parts: {A: {title: a, points: 1}}, colour: red}\n",
+     "labs.04.colour: Extra inputs are not permitted"),
+    ("name: x\nlabs:\n  '04': {title: t, module: m-1, api: [], parts: {A: {title: a, points: 1}}}\n", "identifier"),
+    ("name: x\nlabs:\n  '04': {title: t, module: m, api: [], parts: {A: {title: a, points: -1}}}\n",
+     "labs.04.parts.A.points"),
+    ("- just\n- a list\n", "expected a mapping"),
+    ("name: [unclosed\n", "not valid YAML"),
+])
+def test_invalid_manifest_names_file_and_key(tmp_path, bad, message):
+    (tmp_path / "labs.yaml").write_text(bad)
+    with pytest.raises(manifest.ManifestError) as e:
+        manifest.load(tmp_path)
+    assert str(tmp_path / "labs.yaml") in str(e.value)
+    assert message in str(e.value)
+
+
+def test_perf_threshold_credit_is_linear_and_clamped():
+    t = PerfThreshold(baseline="b", full_credit=1.5, zero_credit=4.0)
+    assert t.credit(1.0) == 1.0 and t.credit(1.5) == 1.0
+    assert t.credit(2.75) == pytest.approx(0.5)
+    assert t.credit(4.0) == 0.0 and t.credit(10) == 0.0
+    assert t.credit(float("nan")) == 0.0
+    with pytest.raises(ValueError, match="zero_credit"):
+        PerfThreshold(baseline="b", full_credit=2, zero_credit=1)
+
+
+def test_find_root_walks_up_and_honours_env(tmp_path, monkeypatch):
+    monkeypatch.delenv("LABS_COURSE", raising=False)
+    (tmp_path / "labs.yaml").write_text("name: x\nlabs: {}\n")
+    (tmp_path / "a" / "b").mkdir(parents=True)
+    assert manifest.find_root(tmp_path / "a" / "b") == tmp_path
+    monkeypatch.setenv("LABS_COURSE", str(tmp_path / "a"))
+    with pytest.raises(manifest.ManifestError, match="holds no labs.yaml"):
+        manifest.find_root()

@@ -1,0 +1,86 @@
+"""The pytest plugin on a throwaway course: --impl, markers, seed, results file."""
+import json
+import subprocess
+import sys
+
+import pytest
+
+
+def run_pytest(cwd, *args):
+    proc = subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", *args],
+                          cwd=cwd, capture_output=True, text=True, timeout=300)
+    return proc.returncode, pytest.LineMatcher(proc.stdout.splitlines())
+
+
+def test_stub_fails_with_not_implemented_and_header_names_impl_and_seed(toy_course):
+    rc, out = run_pytest(toy_course, "labs/07", "-rA")
+    assert rc == 1
+    out.fnmatch_lines(["labs: course *, impl student, device cpu*", "labs: seed * (replay with --seed *)",
+                       "*NotImplementedError: Part A: return x + y*"])
+
+
+def test_solution_passes_and_gpu_test_is_skipped_with_reason(toy_course):
+    rc, out = run_pytest(toy_course, "labs/07", "--impl", "solution", "-rs")
+    assert rc == 0
+    out.fnmatch_lines(["*needs a CUDA GPU*", "*3 passed, 1 skipped*"])
+
+
+def test_impl_path_accepts_checkout_and_module_folder(toy_course, tmp_path):
+    for layout in ("07/toy.py", "labs/07/toy.py"):
+        sub = tmp_path / layout.replace("/", "_")
+        (sub / layout).parent.mkdir(parents=True)
+        (sub / layout).write_text("def add(x, y=1):\n    return x + y\n")
+        rc, _ = run_pytest(toy_course, "labs/07", "--impl", str(sub))
+        assert rc == 0, layout
+
+
+@pytest.mark.parametrize("source, message", [
+    ("def add(x, y=1):\n    return (\n", "*importing toy.py failed (line 2): SyntaxError*"),
+    ("def add(x):\n    return x + 1\n", "*add(x) does not match the contract add(x, y=1)*"),
+    ("def plus(x, y=1):\n    return x + y\n", "*add is missing*"),
+    ("import os\nos._exit(0)\n", None),
+    ("raise SystemExit(0)\n", "*importing toy.py failed (line 1): SystemExit*"),
+])
+def test_broken_submission_fails_each_test_with_one_clear_line(toy_course, tmp_path, source, message):
+    (tmp_path / "07").mkdir()
+    (tmp_path / "07" / "toy.py").write_text(source)
+    rc, out = run_pytest(toy_course, "labs/07", "--impl", str(tmp_path))
+    if message is None:  # os._exit at import ends pytest itself: it must not look like a pass
+        assert rc == 0 and not any("passed" in line for line in out.lines)
+        return
+    assert rc == 1
+    out.fnmatch_lines([message])
+
+
+def test_missing_impl_dir_is_reported(toy_course):
+    rc, out = run_pytest(toy_course, "labs/07", "--impl", "no/such/dir")
+    assert rc == 1
+    out.fnmatch_lines(["*--impl no/such/dir: no such directory*"])
+
+
+def test_seed_is_replayable_and_per_test(toy_course, tmp_path):
+    grader = toy_course / "labs/07/test_seed.py"
+    grader.write_text("def test_a(seed):\n    print('SEED', seed)\n\ndef test_b(seed):\n    print('SEED', seed)\n")
+    seeds = []
+    for _ in range(2):
+        _, out = run_pytest(toy_course, "labs/07/test_seed.py", "--seed", "123", "-s")
+        seeds.append([line for line in out.lines if line.startswith("SEED") or "SEED" in line])
+    assert seeds[0] == seeds[1] and len(set(seeds[0])) == 2
+
+
+def test_results_file_records_parts_weights_outcomes_and_perf(toy_course, tmp_path):
+    out = tmp_path / "r.json"
+    run_pytest(toy_course, "graders/07", "--impl", "solution", "--labs-results", str(out))
+    data = json.loads(out.read_text())
+    assert data["finished"] and not data["errors"]
+    by_name = {t["name"]: t for t in data["tests"]}
+    assert by_name["test_default"]["weight"] == 2.0 and by_name["test_default"]["part"] == "A"
+    assert by_name["test_on_gpu"]["outcome"] == "skipped" and by_name["test_on_gpu"]["gpu"]
+    assert by_name["test_speed"]["perf"] == [{"name": "add_vs_torch", "ratio": 2.0, "figures": {"note": "toy"}}]
+
+
+def test_plugin_is_inert_outside_a_course(tmp_path):
+    (tmp_path / "test_x.py").write_text("def test_x():\n    assert True\n")
+    rc, out = run_pytest(tmp_path, "test_x.py")
+    assert rc == 0
+    assert not any(line.startswith("labs:") for line in out.lines)
