@@ -1,0 +1,62 @@
+"""Every lab's graders, proven both ways (design.md, "One lab, three implementations"):
+the reference gets full runnable marks, the stub scores zero with every runnable test
+failing, and every mutant in tests/mutants/NN fails at least one grader test.
+Visible tests: the stub fails them with NotImplementedError, the reference passes."""
+import ast
+import subprocess
+import sys
+
+import pytest
+
+from harness import grading
+
+from .conftest import ROOT, course, materialize_mutant
+
+COURSE = course()
+LABS = sorted(n for n in COURSE.labs if (ROOT / "graders" / n).is_dir())
+MUTANTS = [pytest.param(n, p, id=f"{n}-{p.stem}")
+           for n in LABS for p in sorted((ROOT / "tests" / "mutants" / n).glob("*.py"))]
+
+
+def pytest_run(*args, timeout=1800):
+    return subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", *args], cwd=ROOT,
+                          capture_output=True, text=True, timeout=timeout)
+
+
+@pytest.mark.parametrize("number", LABS)
+def test_reference_gets_full_runnable_marks(number):
+    result = grading.grade(ROOT / "solutions", COURSE.lab(number), COURSE, seed=None)
+    failed = [f"{t.name}: {t.output[:300]}" for t in result.tests if t.runnable and t.outcome != "passed"]
+    assert not failed, "reference fails graders:\n" + "\n".join(failed)
+    assert result.max_score == pytest.approx(COURSE.lab(number).points)
+    assert result.score == pytest.approx(result.max_score_runnable)
+
+
+@pytest.mark.parametrize("number", LABS)
+def test_stub_scores_zero_and_fails_every_runnable_test(number):
+    result = grading.grade(ROOT / "labs", COURSE.lab(number), COURSE)
+    passed = [t.name for t in result.tests if t.outcome == "passed"]
+    assert not passed, f"the stub passes {passed}: these tests check no behaviour"
+    assert result.score == 0
+
+
+@pytest.mark.parametrize("number", LABS)
+def test_each_lab_has_at_least_six_mutants(number):
+    assert len([m for m in MUTANTS if m.values[0] == number]) >= 6
+
+
+@pytest.mark.parametrize("number, mutant", MUTANTS)
+def test_mutant_fails_a_grader_test(number, mutant, tmp_path):
+    doc = ast.get_docstring(ast.parse(mutant.read_text()))
+    assert doc, f"{mutant.name}: say what the bug is in a docstring"
+    impl = materialize_mutant(mutant, COURSE.lab(number), tmp_path)
+    p = pytest_run(f"graders/{number}", "--impl", str(impl), "-x", "-q", "-p", "no:randomly")
+    assert p.returncode == 1, f"mutant {mutant.name} survived the graders (exit {p.returncode}):\n{p.stdout[-2000:]}"
+
+
+@pytest.mark.parametrize("number", LABS)
+def test_visible_tests_fail_on_stub_and_pass_on_reference(number):
+    stub = pytest_run(f"labs/{number}", "-q")
+    assert stub.returncode == 1 and "NotImplementedError" in stub.stdout, stub.stdout[-2000:]
+    ref = pytest_run(f"labs/{number}", "--impl", "solution", "-q")
+    assert ref.returncode == 0, ref.stdout[-3000:]
