@@ -17,7 +17,7 @@ sys.path.insert(0, str(ROOT))
 from harness import grading, manifest  # noqa: E402
 from tests.conftest import materialize_mutant  # noqa: E402
 
-MUTANTS = ["top_left_causal", "no_rescale"]
+MUTANTS = ["causal_top_left", "no_rescale_accumulator"]
 
 
 def main() -> int:

@@ -1,0 +1,191 @@
+"""Shared checks for the lab 04 graders (Flash Attention), given to tests as the
+``fa`` fixture (conftest, so it works under ``--import-mode=importlib``).
+
+``fa.qkv(...)`` draws inputs from the test's generator; ``fa.check_forward(...)``
+compares ``(out, lse)`` against ``harness.oracles.attention`` in float64 and,
+when they differ, names the likely bug class (top-left causal mask, missing or
+wrong scale, base-2 lse, NaN or non-zero fully masked rows) before the elements.
+"""
+from __future__ import annotations
+
+import math
+import re
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from harness.oracles import attention, causal_mask
+from harness.testing import assert_close, randn, tolerance
+
+SDPA = "torch.nn.functional.scaled_dot_product_attention"
+
+
+def case_id(B, H, Lq, Lk, D, causal, dtype="fp32", layout=None):
+    s = f"B{B}-H{H}-Lq{Lq}-Lk{Lk}-D{D}-{'causal' if causal else 'full'}-{dtype}"
+    return s + (f"-{layout}" if layout else "")
+
+
+def qkv(gen, B, H, Lq, Lk, D, dtype=torch.float32, device="cpu", layouts=("contiguous",) * 3, scale=1.0):
+    """q (B, H, Lq, D), k and v (B, H, Lk, D) from ``gen`` in the given layouts."""
+    q = randn((B, H, Lq, D), gen, dtype=dtype, device=device, layout=layouts[0], scale=scale)
+    k = randn((B, H, Lk, D), gen, dtype=dtype, device=device, layout=layouts[1], scale=scale)
+    v = randn((B, H, Lk, D), gen, dtype=dtype, device=device, layout=layouts[2])
+    return q, k, v
+
+
+def lse_tolerance(device) -> tuple[float, float]:
+    """lse is float32 whatever the input dtype (fp32 accumulation of exact products)."""
+    return (2e-3, 2e-3) if str(device).startswith("cuda") else (1e-4, 1e-4)
+
+
+def _close(a, e, atol, rtol) -> bool:
+    try:
+        assert_close(a, e, atol=atol, rtol=rtol, what="")
+        return True
+    except AssertionError:
+        return False
+
+
+def _diagnose_out(out, q, k, v, is_causal, scale, atol, rtol) -> str | None:
+    """The bug class an ``out`` that differs from the oracle matches, if any."""
+    Lq, Lk, D = q.shape[2], k.shape[2], q.shape[3]
+    s = 1.0 / math.sqrt(D) if scale is None else scale
+    if is_causal and Lq != Lk:
+        # top-left: query i sees keys 0..i (what SDPA's is_causal does)
+        tl_out = _masked_attention(q, k, v, s, torch.ones(Lq, Lk, dtype=torch.bool).tril().to(q.device))
+        if _close(out, tl_out, atol, rtol):
+            return (f"causal mask looks top-left aligned (query i saw keys 0..i): with Lq={Lq}, Lk={Lk} "
+                    f"query i may attend keys j <= i + (Lk - Lq) = i + {Lk - Lq} (bottom-right)")
+    for wrong, name in ((1.0, "no scale at all"), (1.0 / D, "1/D instead of 1/sqrt(D)")):
+        if _close(out, attention(q, k, v, is_causal, wrong)[0], atol, rtol):
+            return f"softmax scale looks wrong ({name}): scale=None means 1/sqrt(D) = {1 / math.sqrt(D):.4g}"
+    if is_causal and Lq > Lk:
+        rows = out[:, :, : Lq - Lk]
+        if rows.ne(0).any():
+            return (f"fully masked rows are not zeros: with Lq={Lq} > Lk={Lk} causal, queries 0..{Lq - Lk - 1} "
+                    f"see no key and must output exact zeros")
+    return None
+
+
+def _masked_attention(q, k, v, scale, allowed):
+    q, k, v = (t.double() for t in (q, k, v))
+    s = (q @ k.transpose(-1, -2)) * scale
+    s = s.masked_fill(~allowed, float("-inf"))
+    p = torch.softmax(s, dim=-1).nan_to_num(0.0)
+    return p @ v
+
+
+def check_forward(result, q, k, v, is_causal, scale, case, device, what="out"):
+    """Assert ``result == (out, lse)`` matches the float64 oracle for these inputs."""
+    if not (isinstance(result, tuple) and len(result) == 2):
+        raise AssertionError(f"must return a tuple (out, lse), got {type(result).__name__} ({case})")
+    out, lse = result
+    B, H, Lq, D = q.shape
+    for name, t, shape in (("out", out, q.shape), ("lse", lse, (B, H, Lq))):
+        if not isinstance(t, torch.Tensor) or tuple(t.shape) != tuple(shape):
+            got = tuple(t.shape) if isinstance(t, torch.Tensor) else type(t).__name__
+            raise AssertionError(f"{name} must have shape {tuple(shape)}, got {got} ({case})")
+    if out.dtype != q.dtype:
+        raise AssertionError(f"out must have q's dtype {q.dtype}, got {out.dtype} ({case})")
+    if lse.dtype != torch.float32:
+        raise AssertionError(f"lse must be float32, got {lse.dtype} ({case})")
+    ref_out, ref_lse = attention(q, k, v, is_causal, scale)
+    if torch.isnan(out).any() or torch.isnan(lse).any():
+        where = "out" if torch.isnan(out).any() else "lse"
+        hint = (" (a fully masked row: guard exp(-inf - -inf) and l == 0; it must give zeros and lse = -inf)"
+                if is_causal and Lq > k.shape[2] else "")
+        raise AssertionError(f"NaN in {where}{hint} ({case})")
+    atol, rtol = tolerance(q.dtype, device)
+    if not _close(out, ref_out, atol, rtol):
+        bug = _diagnose_out(out, q, k, v, is_causal, scale, atol, rtol)
+        if bug:
+            raise AssertionError(f"{bug} ({case})")
+        assert_close(out, ref_out, atol=atol, rtol=rtol, what=f"{what} differs from float64 attention", case=case)
+    latol, lrtol = lse_tolerance(device)
+    if not _close(lse, ref_lse, latol, lrtol):
+        finite = torch.isfinite(ref_lse)
+        if finite.all() and _close(lse.double() * math.log(2), ref_lse, latol, lrtol):
+            raise AssertionError(f"lse looks like base 2 (log2-sum-exp2): the contract wants the natural log; "
+                                 f"convert with lse = m + log(l) or multiply a base-2 result by ln 2 ({case})")
+        for wrong, name in ((1.0, "no scale at all"), (1.0 / D, "1/D instead of 1/sqrt(D)")):
+            if finite.all() and _close(lse, attention(q, k, v, is_causal, wrong)[1], latol, lrtol):
+                raise AssertionError(f"lse: softmax scale looks wrong ({name}); lse = log sum_j exp(scale * q.k_j) "
+                                     f"with scale=None meaning 1/sqrt(D) = {1 / math.sqrt(D):.4g} ({case})")
+        assert_close(lse, ref_lse, atol=latol, rtol=lrtol, what="lse differs from float64 log-sum-exp", case=case)
+
+
+def near_minus_1e6(gen, B, H, Lq, Lk, dtype=torch.float32, device="cpu"):
+    """Inputs (D=16, scale 1/4) whose logits are -2**20 + t, t a multiple of 1/8 in about
+    [-15, 15]: exact in float32, so only the algorithm (a finite sentinel, no max
+    shift, underflow) can go wrong. v is +-1 so out errors are bounded by weight errors."""
+    D = 16
+    q = torch.randint(-2, 3, (B, H, Lq, D), generator=gen).float()
+    k = torch.randint(-4, 5, (B, H, Lk, D), generator=gen).float() / 2
+    q[..., 0], k[..., 0] = 2048.0, -2048.0
+    v = torch.randint(0, 2, (B, H, Lk, D), generator=gen).float() * 2 - 1
+    return tuple(t.to(dtype).to(device) for t in (q, k, v))
+
+
+def check_near_minus_1e6(result, q, k, v, case):
+    """Output within float32 resolution of logits near -1e6 (|error| ~ 4% per weight)."""
+    out, lse = result
+    ref_out, ref_lse = attention(q, k, v, False, None)
+    if not torch.isfinite(out).all() or not torch.isfinite(lse).all():
+        raise AssertionError(f"logits near -1e6 gave NaN or inf: shift by the running max and start it at "
+                             f"-inf, not a finite sentinel such as -1e4 ({case})")
+    if out.abs().max() == 0:
+        raise AssertionError(f"logits near -1e6 underflowed to zeros: exp(s) without subtracting the running "
+                             f"max, or a finite sentinel (-1e4) larger than every logit ({case})")
+    assert_close(out, ref_out, atol=0.1, rtol=0.0, what="output for logits near -1e6 differs from the "
+                 "shifted softmax beyond float32 resolution (a finite sentinel or no max shift?)", case=case)
+    assert_close(lse, ref_lse, atol=0.25, rtol=0.0, what="lse for logits near -1e6", case=case)
+
+
+def check_raises(fn, exc, arg, match, case):
+    """``fn()`` must raise ``exc`` whose message names ``arg`` (regex ``match``)."""
+    try:
+        fn()
+    except exc as e:
+        if not re.search(match, str(e)):
+            raise AssertionError(f"{case}: raised {exc.__name__}({str(e)!r}) but the message should name "
+                                 f"{arg}") from None
+        return
+    except NotImplementedError:
+        raise
+    except Exception as e:
+        raise AssertionError(f"{case}: expected {exc.__name__} naming {arg}, got {type(e).__name__}: {e}") from None
+    raise AssertionError(f"{case}: expected {exc.__name__} naming {arg}, nothing was raised")
+
+
+BAD_ARGS = [
+    # (id, builder(gen) -> (q, k, v), exception, argument named, regex on the message)
+    ("k-dtype-differs", lambda g: (torch.randn(1, 2, 5, 16, generator=g), torch.randn(1, 2, 7, 16, generator=g).half(),
+                                   torch.randn(1, 2, 7, 16, generator=g)), TypeError, "k", r"\bk\b"),
+    ("v-dtype-differs", lambda g: (torch.randn(1, 2, 5, 16, generator=g), torch.randn(1, 2, 7, 16, generator=g),
+                                   torch.randn(1, 2, 7, 16, generator=g).double()), TypeError, "v", r"\bv\b"),
+    ("q-int-dtype", lambda g: (torch.randint(0, 3, (1, 2, 5, 16), generator=g), torch.randint(0, 3, (1, 2, 7, 16), generator=g),
+                               torch.randint(0, 3, (1, 2, 7, 16), generator=g)), TypeError, "q", r"\bq\b"),
+    ("v-length-differs", lambda g: (torch.randn(1, 2, 5, 16, generator=g), torch.randn(1, 2, 7, 16, generator=g),
+                                    torch.randn(1, 2, 6, 16, generator=g)), ValueError, "v", r"\bv\b"),
+    ("k-heads-differ", lambda g: (torch.randn(1, 2, 5, 16, generator=g), torch.randn(1, 3, 7, 16, generator=g),
+                                  torch.randn(1, 3, 7, 16, generator=g)), ValueError, "k", r"\bk\b"),
+    ("q-3d", lambda g: (torch.randn(2, 5, 16, generator=g), torch.randn(1, 2, 7, 16, generator=g),
+                        torch.randn(1, 2, 7, 16, generator=g)), ValueError, "q", r"\bq\b"),
+    ("D48-unsupported", lambda g: (torch.randn(1, 2, 5, 48, generator=g), torch.randn(1, 2, 7, 48, generator=g),
+                                   torch.randn(1, 2, 7, 48, generator=g)), ValueError, "D=48", r"48"),
+]
+
+
+@pytest.fixture
+def fa():
+    """The shared lab 04 checks (see the module docstring)."""
+    return SimpleNamespace(case_id=case_id, qkv=qkv, check_forward=check_forward, near_minus_1e6=near_minus_1e6,
+                           check_near_minus_1e6=check_near_minus_1e6, check_raises=check_raises,
+                           BAD_ARGS=BAD_ARGS, SDPA=SDPA, causal_mask=causal_mask, attention=attention)
+
+
+def pytest_generate_tests(metafunc):
+    """``bad_arg`` params: one per BAD_ARGS entry, with its id."""
+    if "bad_arg" in metafunc.fixturenames:
+        metafunc.parametrize("bad_arg", BAD_ARGS, ids=[b[0] for b in BAD_ARGS])

@@ -1,0 +1,129 @@
+"""Hidden graders, lab 04 Part A: flash_attention_torch (tiled PyTorch, online softmax).
+
+Cheap pure-PyTorch tests; they run first so that most bugs stop a run early.
+Oracle: harness.oracles.attention in float64 (shared checks in conftest.py).
+"""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from harness.sandbox import measure
+from harness.testing import DTYPES
+
+pytestmark = pytest.mark.part("A")
+
+# (B, H, Lq, Lk, D, causal, block_q, block_k): small first; lengths 1 and off block multiples
+CASES = [
+    (1, 1, 1, 1, 16, False, 64, 64),
+    (2, 3, 1, 37, 32, True, 64, 64),       # decode: one query sees every key
+    (1, 2, 45, 45, 64, True, 16, 16),      # square causal, several tiles
+    (1, 2, 19, 70, 128, True, 8, 32),      # Lq < Lk causal (bottom-right)
+    (2, 1, 70, 19, 16, True, 32, 8),       # Lq > Lk causal: queries 0..50 fully masked
+    (1, 2, 130, 97, 32, False, 64, 64),    # several default tiles both ways, ragged
+    (1, 1, 150, 200, 64, True, 64, 64),
+]
+
+
+def _params():
+    out = []
+    for c in CASES:
+        for dt in ("fp32", "fp16", "bf16"):
+            if dt != "fp32" and c[2] * c[3] < 100:
+                continue
+            B, H, Lq, Lk, D, causal, bq, bk = c
+            cid = f"B{B}-H{H}-Lq{Lq}-Lk{Lk}-D{D}-{'causal' if causal else 'full'}-bq{bq}-bk{bk}-{dt}"
+            out.append(pytest.param(c, dt, "cpu", id=cid))
+            out.append(pytest.param(c, dt, "cuda", id=cid + "-cuda", marks=pytest.mark.gpu))
+    return out
+
+
+@pytest.mark.points(4)
+@pytest.mark.parametrize("case,dtype,device", _params())
+def test_part_a_matches_float64_attention(impl, fa, gen, case, dtype, device):
+    B, H, Lq, Lk, D, causal, bq, bk = case
+    q, k, v = fa.qkv(gen, B, H, Lq, Lk, D, dtype=DTYPES[dtype], device=device)
+    cid = fa.case_id(B, H, Lq, Lk, D, causal, dtype) + f"-bq{bq}-bk{bk}"
+    res = impl.flash_attention_torch(q, k, v, is_causal=causal, block_q=bq, block_k=bk)
+    fa.check_forward(res, q, k, v, causal, None, cid, device)
+
+
+@pytest.mark.parametrize("scale", [0.3, 2.0])
+def test_part_a_explicit_scale(impl, fa, gen, scale):
+    q, k, v = fa.qkv(gen, 1, 2, 23, 41, 32)
+    res = impl.flash_attention_torch(q, k, v, is_causal=True, scale=scale, block_q=16, block_k=16)
+    fa.check_forward(res, q, k, v, True, scale, fa.case_id(1, 2, 23, 41, 32, True) + f"-scale{scale}", "cpu")
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
+def test_part_a_fully_masked_rows_give_zeros_and_minus_inf(impl, fa, gen, device):
+    B, H, Lq, Lk, D = 1, 2, 53, 20, 32
+    q, k, v = fa.qkv(gen, B, H, Lq, Lk, D, device=device)
+    out, lse = impl.flash_attention_torch(q, k, v, is_causal=True, block_q=16, block_k=16)
+    cid = fa.case_id(B, H, Lq, Lk, D, True)
+    empty = Lq - Lk  # queries 0..empty-1 see no key
+    if torch.isnan(out).any() or torch.isnan(lse).any():
+        raise AssertionError(f"NaN for fully masked rows (guard exp(-inf - -inf) and l == 0) ({cid})")
+    if out[:, :, :empty].ne(0).any():
+        raise AssertionError(f"fully masked rows (queries 0..{empty - 1}) must be exact zeros ({cid})")
+    if not torch.isneginf(lse[:, :, :empty]).all():
+        raise AssertionError(f"lse of fully masked rows must be -inf, got {lse[0, 0, :3].tolist()} ({cid})")
+    fa.check_forward((out, lse), q, k, v, True, None, cid, device)
+
+
+@pytest.mark.parametrize("dtype", ["fp32", "fp16"])
+def test_part_a_stable_for_logits_near_minus_1e6(impl, fa, gen, dtype):
+    q, k, v = fa.near_minus_1e6(gen, 1, 2, 21, 75, dtype=DTYPES[dtype])
+    res = impl.flash_attention_torch(q, k, v, block_q=16, block_k=32)
+    fa.check_near_minus_1e6(res, q, k, v, f"B1-H2-Lq21-Lk75-D16-full-{dtype}-logits~-1e6")
+
+
+@pytest.mark.parametrize("layouts", [("strided", "transposed", "strided"), ("transposed", "strided", "transposed")],
+                         ids=lambda ls: "q{}-k{}-v{}".format(*ls))
+def test_part_a_noncontiguous_inputs(impl, fa, gen, layouts):
+    q, k, v = fa.qkv(gen, 2, 2, 33, 50, 32, layouts=layouts)
+    res = impl.flash_attention_torch(q, k, v, is_causal=True, block_q=16, block_k=16)
+    fa.check_forward(res, q, k, v, True, None, fa.case_id(2, 2, 33, 50, 32, True, layout="-".join(layouts)), "cpu")
+
+
+def test_part_a_deterministic(impl, fa, gen):
+    q, k, v = fa.qkv(gen, 1, 2, 40, 67, 64)
+    a = impl.flash_attention_torch(q, k, v, is_causal=True)
+    b = impl.flash_attention_torch(q, k, v, is_causal=True)
+    for name, x, y in (("out", a[0], b[0]), ("lse", a[1], b[1])):
+        if not torch.equal(x, y):
+            raise AssertionError(f"two calls on the same inputs gave different {name} (not deterministic)")
+
+
+@pytest.mark.points(3)
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_part_a_allocates_no_score_matrix(impl, fa, gen, record_perf, causal):
+    # B*H*Lq*Lk = 2*2*250*333 = 333000 far above the bound max(B*H*64*64, numel q/k/v/out) = 21312
+    B, H, Lq, Lk, D = 2, 2, 250, 333, 16
+    q, k, v = fa.qkv(gen, B, H, Lq, Lk, D)
+    res, t = measure(impl.flash_attention_torch, q, k, v, is_causal=causal)
+    bound = max(B * H * 64 * 64, q.numel(), k.numel(), v.numel())
+    cid = fa.case_id(B, H, Lq, Lk, D, causal)
+    if t.max_numel > bound:
+        raise AssertionError(f"allocated a tensor of {t.max_numel} elements ({t.largest}); the bound is "
+                             f"max(B*H*block_q*block_k, numel of q, k, v, out) = {bound}: keep one "
+                             f"(B, H, block_q, block_k) tile of scores, never (Lq, Lk) or a full key row ({cid})")
+    fa.check_forward(res, q, k, v, causal, None, cid, "cpu")
+    # informational, never graded: the largest allocation as a fraction of the score matrix
+    record_perf("torch_peak_alloc_vs_scores", t.max_numel / (B * H * Lq * Lk), shape=cid, largest=t.largest)
+
+
+def test_part_a_does_not_call_sdpa(impl, fa, gen):
+    q, k, v = fa.qkv(gen, 1, 2, 29, 29, 32)
+    res, t = measure(impl.flash_attention_torch, q, k, v, is_causal=True, forbid=[fa.SDPA],
+                     reason="Part A must compute attention itself")
+    used = sorted(op for op in t.ops if "scaled_dot_product" in op)
+    if used:
+        raise AssertionError(f"called {used}: Part A must compute attention itself, not through SDPA")
+    fa.check_forward(res, q, k, v, True, None, fa.case_id(1, 2, 29, 29, 32, True), "cpu")
+
+
+def test_part_a_bad_args_raise(impl, fa, gen, bad_arg):
+    name, build, exc, arg, match = bad_arg
+    q, k, v = build(gen)
+    fa.check_raises(lambda: impl.flash_attention_torch(q, k, v), exc, arg, match, f"flash_attention_torch, {name}")

@@ -1,0 +1,197 @@
+"""Hidden graders, lab 04 Part B: flash_attention_triton (one Triton forward kernel).
+
+On CPU the kernel runs under TRITON_INTERPRET=1 (set by the harness plugin), which
+is slow: CPU shapes stay tiny (L <= 70) and the cases few. bfloat16 is checked on
+CUDA only (the interpreter's bf16 tl.dot is wrong). The performance test is GPU
+only: the kernel against SDPA's flash backend, timed interleaved in the same run.
+"""
+from __future__ import annotations
+
+import re
+
+import pytest
+import torch
+
+from harness.sandbox import measure, source
+from harness.bench import attention_flops, geomean, time_interleaved
+from harness.testing import DTYPES, forbid_calls, tolerance
+
+pytestmark = pytest.mark.part("B")
+
+# (B, H, Lq, Lk, D, causal): tiny for the interpreter; lengths 1 and off block multiples
+CPU_CASES = [
+    (1, 1, 1, 1, 16, False),
+    (1, 2, 50, 67, 32, False),     # ragged Lk over several key blocks
+    (1, 2, 37, 37, 64, True),      # square causal, ragged
+    (1, 1, 19, 70, 128, True),     # Lq < Lk causal (bottom-right)
+    (2, 1, 70, 19, 16, True),      # Lq > Lk causal: queries 0..50 fully masked
+    (1, 2, 1, 45, 32, True),       # decode: one query sees every key
+]
+CPU_FP16 = {(1, 2, 50, 67, 32, False), (1, 1, 19, 70, 128, True), (2, 1, 70, 19, 16, True)}
+# CUDA adds lengths past the GPU tile sizes (64..128)
+GPU_CASES = CPU_CASES + [
+    (2, 3, 300, 300, 64, True),
+    (1, 4, 129, 1000, 128, True),
+    (2, 2, 777, 250, 32, True),
+    (1, 2, 513, 700, 16, False),
+]
+
+
+def _params():
+    out = []
+    for c in CPU_CASES:
+        for dt in ("fp32", "fp16"):
+            if dt == "fp16" and c not in CPU_FP16:
+                continue
+            out.append(pytest.param(c, dt, "cpu", id=_cid(c, dt)))
+    for c in GPU_CASES:
+        for dt in ("fp32", "fp16", "bf16"):
+            out.append(pytest.param(c, dt, "cuda", id=_cid(c, dt) + "-cuda", marks=pytest.mark.gpu))
+    return out
+
+
+def _cid(c, dt):
+    B, H, Lq, Lk, D, causal = c
+    return f"B{B}-H{H}-Lq{Lq}-Lk{Lk}-D{D}-{'causal' if causal else 'full'}-{dt}"
+
+
+@pytest.mark.points(6)
+@pytest.mark.parametrize("case,dtype,device", _params())
+def test_part_b_matches_float64_attention(impl, fa, gen, case, dtype, device):
+    B, H, Lq, Lk, D, causal = case
+    q, k, v = fa.qkv(gen, B, H, Lq, Lk, D, dtype=DTYPES[dtype], device=device)
+    res = impl.flash_attention_triton(q, k, v, is_causal=causal)
+    fa.check_forward(res, q, k, v, causal, None, fa.case_id(B, H, Lq, Lk, D, causal, dtype), device)
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
+def test_part_b_fully_masked_rows_give_zeros_and_minus_inf(impl, fa, gen, device):
+    B, H, Lq, Lk, D = 1, 2, 61, 23, 16
+    q, k, v = fa.qkv(gen, B, H, Lq, Lk, D, device=device)
+    out, lse = impl.flash_attention_triton(q, k, v, is_causal=True)
+    cid = fa.case_id(B, H, Lq, Lk, D, True)
+    empty = Lq - Lk
+    if torch.isnan(out).any() or torch.isnan(lse).any():
+        raise AssertionError(f"NaN for fully masked rows (guard exp(-inf - -inf) and l == 0) ({cid})")
+    if out[:, :, :empty].ne(0).any():
+        raise AssertionError(f"fully masked rows (queries 0..{empty - 1}) must be exact zeros ({cid})")
+    if not torch.isneginf(lse[:, :, :empty]).all():
+        raise AssertionError(f"lse of fully masked rows must be -inf, got {lse[0, 0, :3].tolist()} ({cid})")
+    fa.check_forward((out, lse), q, k, v, True, None, cid, device)
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
+def test_part_b_stable_for_logits_near_minus_1e6(impl, fa, gen, device):
+    q, k, v = fa.near_minus_1e6(gen, 1, 1, 29, 70, device=device)
+    res = impl.flash_attention_triton(q, k, v)
+    fa.check_near_minus_1e6(res, q, k, v, "B1-H1-Lq29-Lk70-D16-full-fp32-logits~-1e6")
+
+
+def test_part_b_explicit_scale(impl, fa, gen):
+    q, k, v = fa.qkv(gen, 1, 1, 21, 40, 32)
+    res = impl.flash_attention_triton(q, k, v, is_causal=True, scale=0.7)
+    fa.check_forward(res, q, k, v, True, 0.7, fa.case_id(1, 1, 21, 40, 32, True) + "-scale0.7", "cpu")
+
+
+@pytest.mark.points(2)
+@pytest.mark.parametrize("layouts,device", [
+    (("strided", "transposed", "strided"), "cpu"),
+    (("transposed", "strided", "transposed"), "cpu"),
+    pytest.param(("strided", "transposed", "strided"), "cuda", marks=pytest.mark.gpu),
+], ids=["qstrided-ktransposed-vstrided", "qtransposed-kstrided-vtransposed", "cuda"])
+def test_part_b_noncontiguous_inputs(impl, fa, gen, layouts, device):
+    B, H, Lq, Lk, D = 2, 2, 35, 45, 32
+    q, k, v = fa.qkv(gen, B, H, Lq, Lk, D, layouts=layouts, device=device)
+    res = impl.flash_attention_triton(q, k, v, is_causal=True)
+    fa.check_forward(res, q, k, v, True, None, fa.case_id(B, H, Lq, Lk, D, True, layout="-".join(layouts)), device)
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
+def test_part_b_deterministic(impl, fa, gen, device):
+    q, k, v = fa.qkv(gen, 1, 2, 40, 53, 64, dtype=torch.float16, device=device)
+    a = impl.flash_attention_triton(q, k, v, is_causal=True)
+    b = impl.flash_attention_triton(q, k, v, is_causal=True)
+    for name, x, y in (("out", a[0], b[0]), ("lse", a[1], b[1])):
+        if not torch.equal(x, y):
+            raise AssertionError(f"two calls on the same inputs gave different {name} (not deterministic)")
+
+
+def test_part_b_does_not_call_sdpa(impl, fa, gen):
+    q, k, v = fa.qkv(gen, 1, 1, 30, 30, 16)
+    res, t = measure(impl.flash_attention_triton, q, k, v, is_causal=True, forbid=[fa.SDPA],
+                     reason="Part B must compute attention in its kernel")
+    used = sorted(op for op in t.ops if "scaled_dot_product" in op)
+    if used:
+        raise AssertionError(f"called {used}: Part B must compute attention in its Triton kernel, not through SDPA")
+    fa.check_forward(res, q, k, v, True, None, fa.case_id(1, 1, 30, 30, 16, True), "cpu")
+
+
+def test_part_b_uses_no_block_pointers(impl, fa, gen):
+    # block pointers were removed in Triton 3.9: the kernel must run on every pinned version
+    q, k, v = fa.qkv(gen, 1, 1, 9, 13, 16)
+    fa.check_forward(impl.flash_attention_triton(q, k, v), q, k, v, False, None, fa.case_id(1, 1, 9, 13, 16, False), "cpu")
+    src = source(impl)
+    for name, pattern in (("tl.make_block_ptr", r"make_block_ptr\s*\("), ("tl.advance", r"\badvance\s*\(")):
+        if re.search(pattern, src):
+            raise AssertionError(f"uses {name}(): block pointers were removed in Triton 3.9; "
+                                 f"address tiles with tl.arange offsets and masks")
+
+
+def test_part_b_bad_args_raise(impl, fa, gen, bad_arg):
+    name, build, exc, arg, match = bad_arg
+    q, k, v = build(gen)
+    fa.check_raises(lambda: impl.flash_attention_triton(q, k, v), exc, arg, match, f"flash_attention_triton, {name}")
+
+
+# --- performance (GPU only) ---
+
+# (B, H, L, D, causal): realistic training/prefill shapes, square so SDPA's causal agrees
+PERF_SHAPES = [(4, 16, 1024, 64, False), (8, 16, 512, 64, True), (2, 16, 2048, 128, True)]
+
+
+@pytest.mark.gpu
+@pytest.mark.perf
+@pytest.mark.points(4)
+def test_part_b_speed_vs_sdpa_flash(impl, fa, seed, record_perf):
+    """Geomean over shapes and fp16/bf16 of median(kernel) / median(SDPA flash), timed
+    interleaved by harness.bench (CUDA events, L2 flush, fresh inputs, >= 10 repeats);
+    every timed output is checked, and correctness is asserted before any timing."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    sdpa = torch.nn.functional.scaled_dot_product_attention  # bound before it is forbidden below
+    ratios, figures = [], {}
+    with forbid_calls([fa.SDPA], modules=[impl], reason="the kernel is timed against SDPA and must not call it"), \
+            sdpa_kernel(SDPBackend.FLASH_ATTENTION):
+        for B, H, L, D, causal in PERF_SHAPES:
+            for dt in ("fp16", "bf16"):
+                dtype = DTYPES[dt]
+                cid = fa.case_id(B, H, L, L, D, causal, dt)
+
+                def make(i, B=B, H=H, L=L, D=D, dtype=dtype):
+                    g = torch.Generator(device="cuda").manual_seed(seed + i)
+                    return tuple(torch.randn(B, H, L, D, device="cuda", dtype=dtype, generator=g) for _ in range(3))
+
+                q, k, v = make(0)
+                fa.check_forward(impl.flash_attention_triton(q, k, v, is_causal=causal), q, k, v, causal, None,
+                                 cid, "cuda")
+                atol, rtol = tolerance(dtype, "cuda")
+
+                def check(name, out, args, causal=causal, cid=cid, atol=atol, rtol=rtol):
+                    if name != "triton":
+                        return
+                    want = sdpa(*args, is_causal=causal)
+                    err = (out[0].float() - want.float()).abs()
+                    if torch.isnan(out[0]).any() or (err > 2 * (atol + rtol * want.float().abs())).any():
+                        raise AssertionError(f"a timed output differs from SDPA (max abs error "
+                                             f"{err.max().item():.3g}): no performance credit ({cid})")
+
+                t = time_interleaved(
+                    {"triton": lambda q, k, v, c=causal: impl.flash_attention_triton(q, k, v, is_causal=c),
+                     "sdpa_flash": lambda q, k, v, c=causal: sdpa(q, k, v, is_causal=c)},
+                    make, check, device="cuda", pool=4, warmup=3, repeats=15)
+                ratio = t["triton"].median_s / t["sdpa_flash"].median_s
+                ratios.append(ratio)
+                flops = attention_flops(B, H, L, L, D, causal)
+                figures[f"{cid}_ratio"] = ratio
+                figures[f"{cid}_tflops"] = flops / t["triton"].median_s / 1e12
+                figures[f"{cid}_sdpa_tflops"] = flops / t["sdpa_flash"].median_s / 1e12
+    record_perf("triton_vs_sdpa_flash", geomean(ratios), **figures)

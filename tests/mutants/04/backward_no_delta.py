@@ -1,0 +1,8 @@
+"""Backward drops the D_i = rowsum(dO * O) term: dS = P * dP instead of
+P * (dP - D_i). dV is still right; dQ and dK are wrong.
+
+Killed by: graders/04/test_part_c_backward.py::test_part_c_gradients_match_float64_autograd.
+"""
+MUTATE = [
+    ("ds = p * (dp - delta[:, :, i0:i1, None])", "ds = p * dp"),
+]

@@ -1,0 +1,10 @@
+"""Triton kernel masks causally top-left aligned (query i sees keys 0..i), SDPA's
+is_causal convention, instead of bottom-right (j <= i + Lk - Lq).
+
+Killed by: graders/04/test_part_b_triton.py::test_part_b_matches_float64_attention
+(Lq != Lk causal cases; the message says "causal mask looks top-left aligned").
+"""
+MUTATE = [
+    ("keep = keep & (cols[None, :] <= offs_m[:, None] + (Lk - Lq))",
+     "keep = keep & (cols[None, :] <= offs_m[:, None])"),
+]

@@ -1,0 +1,8 @@
+"""Input validation forgets that k and v must have q's dtype: a float16 k with a
+float32 q is silently accepted (and upcast) instead of raising TypeError naming k.
+
+Killed by: graders/04/test_part_a_torch.py::test_part_a_bad_args_raise[k-dtype-differs].
+"""
+MUTATE = [
+    ("        if t.dtype != q.dtype:\n", "        if False:\n"),
+]
