@@ -30,8 +30,9 @@ How it runs
     so no rank inherits a hung state and the suite goes on.
   * A rank that raises fails the run with ``RankError``: the rank, the
     exception and its traceback. A rank that dies (segfault, ``os._exit``)
-    fails with ``RankError`` naming its exit code. Either way the pool is
-    recycled.
+    fails with ``RankError`` naming its exit code; the pool is recycled unless
+    every rank raised cleanly (each destroyed its process group and waits for
+    the next task).
 
 Communication counter (inside a body)::
 
@@ -278,7 +279,7 @@ def _worker(rank: int, world_size: int, conn, note, log_path: str) -> None:
         os.lseek(1, 0, os.SEEK_SET)
         note.value = b"starting"
         body_file, body_name, impl_path, args, kwargs, port, backend, device, pg_timeout = task
-        status, payload = "ok", b""
+        status, payload, phase = "ok", b"", "setup-error"
         try:
             store = dist.TCPStore("127.0.0.1", port, world_size, is_master=False,
                                   timeout=datetime.timedelta(seconds=pg_timeout))
@@ -287,6 +288,9 @@ def _worker(rank: int, world_size: int, conn, note, log_path: str) -> None:
             dist.init_process_group(backend, store=store, rank=rank, world_size=world_size,
                                     timeout=datetime.timedelta(seconds=pg_timeout))
             try:
+                # every rank has joined the mesh before any body can finish and tear it down
+                dist.barrier(device_ids=[rank]) if backend == "nccl" else dist.barrier()
+                phase = "error"
                 impl = _impl.load_module(impl_path) if impl_path else None
                 body = getattr(_impl.load_module(body_file), body_name)
                 ctx = Rank(rank, world_size, impl, device, backend, note)
@@ -299,15 +303,13 @@ def _worker(rank: int, world_size: int, conn, note, log_path: str) -> None:
             finally:
                 dist.destroy_process_group()
         except BaseException as e:  # report everything, SystemExit from student code included
-            status, payload = "error", f"{type(e).__name__}: {e}\n{_format_exc(e)}".encode()
+            status, payload = phase, f"{type(e).__name__}: {e}\n{_format_exc(e)}".encode()
         try:
             sys.stdout.flush()
             sys.stderr.flush()
             conn.send((status, payload))
         except (BrokenPipeError, OSError):
             return
-        if status != "ok":
-            return  # the parent recycles the pool after any failure
 
 
 def _to_cpu(value):
@@ -329,7 +331,10 @@ def _context():
     global _CTX
     if _CTX is None:
         _CTX = mp.get_context("forkserver")
-        _CTX.set_forkserver_preload(["torch", "torch.distributed", "harness.distributed", "harness.impl"])
+        # What every rank needs, imported once in the server and inherited by each fork.
+        # torch._dynamo is imported lazily by torch.optim.Optimizer.__init__ (seconds each).
+        _CTX.set_forkserver_preload(["torch", "torch.distributed", "torch._dynamo", "pytest",
+                                     "harness.distributed", "harness.impl", "harness.testing"])
     return _CTX
 
 
@@ -448,6 +453,7 @@ def run(body: Callable, world_size: int, *args, impl_path=None, timeout: float =
     the message. ``ValueError`` for ``world_size < 1`` or a body that is not a
     module-level function.
     """
+    __tracebackhide__ = True  # pytest shows the ranks' message, not this function
     import torch.distributed as dist
 
     if world_size < 1:
@@ -505,17 +511,18 @@ def run(body: Callable, world_size: int, *args, impl_path=None, timeout: float =
     errors = {r: v for r, v in results.items() if v[0] != "ok"}
     if errors:
         texts = {r: p.decode("utf-8", "replace") for r, (s, p) in errors.items()}
-        if all(s == "error" and _GLOO_TIMEOUT in texts[r] for r, (s, _) in errors.items()):
+        if any(_GLOO_TIMEOUT in texts[r] for r in errors):  # a peer may see the timed-out rank leave
             _recycle(world_size)
             raise RankTimeout(f"timed out after {elapsed:.1f}s with W={world_size}: a deadlock? (e.g. neighbours "
                               "that both start with a blocking send wait forever for each other); where "
                               "each rank waited:\n\n" + "\n\n".join(
-                                  f"rank {r}: " + _short(texts[r]) for r in sorted(texts))[:12000])
+                                  f"rank {r}: " + _short(texts[r])
+                                  for r in sorted(texts, key=lambda r: (_GLOO_TIMEOUT not in texts[r], r)))[:12000])
         msgs = []
         # the root cause first: errors that are not a peer's disappearance or a timeout
         for r in sorted(errors, key=lambda r: (any(k in texts[r] for k in _SECONDARY), r)):
             s, p = errors[r]
-            if s == "error":
+            if s in ("error", "setup-error"):
                 msgs.append(f"rank {r} of {world_size} raised " + _short(texts[r], 5000))
             else:
                 tail = pool.log_tail(r)
@@ -524,7 +531,9 @@ def run(body: Callable, world_size: int, *args, impl_path=None, timeout: float =
         for r in range(world_size):
             if r not in results:
                 msgs.append(f"rank {r} of {world_size} did not finish (last note: {pool.note(r)!r})")
-        _recycle(world_size)
+        if len(results) < world_size or any(s != "error" for s, _ in errors.values()):
+            _recycle(world_size)  # a rank is stuck or dead: start afresh
+        # else every rank raised, destroyed its process group and waits for the next task
         raise RankError("\n\n".join(msgs)[:12000])
     if len(results) < world_size:
         lines = [f"timed out after {elapsed:.1f}s (limit {timeout:g}s) with W={world_size}: a deadlock? "

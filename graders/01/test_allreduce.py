@@ -1,0 +1,552 @@
+"""Hidden graders of lab 01, ring all-reduce (lab-contracts.md section 01).
+
+Every case runs on W spawned gloo ranks (harness.distributed.run); the body
+below runs in each rank, builds that rank's input from (seed, rank), calls the
+implementation under a communication counter that forbids every collective,
+and returns what it got. The parent rebuilds all inputs, computes the oracle
+(float64 sum / max, or the exact float32 sum rounded once) and compares.
+Fast cases that catch common bugs come first; the few large cases (several MB,
+exposing blocking-send deadlocks) come last, before performance.
+"""
+from __future__ import annotations
+
+import statistics
+import time
+
+import pytest
+import torch
+
+from harness import distributed as hd
+from harness.testing import assert_close, tolerance
+
+DT = {"fp32": torch.float32, "fp64": torch.float64, "fp16": torch.float16, "bf16": torch.bfloat16,
+      "int32": torch.int32, "int64": torch.int64}
+SMALL_T = 30.0   # seconds per small run (the reference needs well under 1 s)
+LARGE_T = 90.0
+
+
+def ceil_div(a, b):
+    return -(-a // b)
+
+
+# ----------------------------------------------------------------------------- inputs
+
+def make_input(seed: int, rank: int, shape, dtype: str, layout: str = "contiguous"):
+    """(base, view) of rank ``rank``: ``view`` holds the values, ``base`` is its whole storage.
+
+    Layouts: contiguous; transposed (a .t() of a contiguous (C, R) buffer); strided
+    (every other column of a wider buffer, starting at column 1). Storage outside the
+    view holds a sentinel (-7) that must survive the call.
+    """
+    g = torch.Generator().manual_seed((seed * 8 + rank + 1) % 2**63)
+    dt = DT[dtype]
+    shape = tuple(shape)
+    if dt.is_floating_point:
+        vals = (torch.randn(shape, generator=g, dtype=torch.float64) * 3).to(dt)
+    else:
+        vals = torch.randint(-1000, 1000, shape, generator=g, dtype=torch.int64).to(dt)
+    if layout == "contiguous":
+        base = vals.clone().reshape(-1)
+        view = base.view(shape)
+    elif layout == "transposed":
+        R, C = shape
+        base = torch.full((C, R), -7, dtype=dt)
+        view = base.t()
+        view.copy_(vals)
+    elif layout == "strided":
+        R, C = shape
+        base = torch.full((R, 2 * C + 1), -7, dtype=dt)
+        view = base[:, 1::2]
+        view.copy_(vals)
+    else:
+        raise ValueError(layout)
+    return base, view
+
+
+def covered(base, view) -> torch.Tensor:
+    """Boolean mask over ``base`` (flattened) of the elements ``view`` covers."""
+    idx = torch.arange(base.numel()).view(base.shape)
+    ix = idx.reshape(-1).as_strided(view.shape, view.stride(), view.storage_offset())
+    mask = torch.zeros(base.numel(), dtype=torch.bool)
+    mask[ix.reshape(-1)] = True
+    return mask
+
+
+def oracle(views, op):
+    """Reduction of the ranks' views in float64 (int64 for integers), flattened."""
+    flat = [v.reshape(-1) for v in views]
+    acc_dt = torch.float64 if views[0].dtype.is_floating_point else torch.int64
+    stack = torch.stack([f.to(acc_dt) for f in flat])
+    if op == "max":
+        return stack.max(0).values
+    s = stack.sum(0)
+    return s / len(views) if op == "avg" else s
+
+
+def check_comm(reports, *, bound_bytes=None, what="", case=""):
+    """No collective on any rank, and (if given) each rank sent at most ``bound_bytes``."""
+    for r, rep in enumerate(reports):
+        if rep["forbidden"] or rep["collectives"]:
+            names = sorted(set(rep["forbidden"]) | set(rep["collectives"]))
+            raise AssertionError(f"called a collective ({', '.join(names)}) on rank {r} ({case}): the contract "
+                                 "allows only send/recv/isend/irecv/batch_isend_irecv")
+        if bound_bytes is not None and rep["sent_bytes"] > bound_bytes:
+            raise AssertionError(f"{what} is not bandwidth-optimal ({case}): rank {r} sent {rep['sent_bytes']} bytes "
+                                 f"in {rep['sent_msgs']} messages; a ring sends at most {bound_bytes} bytes")
+
+
+def _bitwise(t: torch.Tensor) -> torch.Tensor:
+    t = t.contiguous()
+    return t.view({1: torch.int8, 2: torch.int16, 4: torch.int32, 8: torch.int64}[t.element_size()])
+
+
+# ----------------------------------------------------------------------------- rank bodies
+
+def body_reduce_scatter(ctx, seed, cases):
+    out = []
+    for n, dtype, op in cases:
+        _, view = make_input(seed, ctx.rank, (n,), dtype)
+        before = view.clone()
+        with ctx.count_comm(forbid=hd.DATA_COLLECTIVES) as comm:
+            got = ctx.impl.ring_reduce_scatter(view, op=op)
+        out.append({"got": got, "unchanged": bool(torch.equal(before, view)), "comm": comm.report()})
+    return out
+
+
+def body_all_gather(ctx, seed, cases):
+    out = []
+    for numel, dtype in cases:
+        c = ceil_div(numel, ctx.world_size)
+        full, _ = make_input(seed, 0, (max(ctx.world_size * c, 1),), dtype)
+        chunk = full[ctx.rank * c:(ctx.rank + 1) * c].clone()
+        with ctx.count_comm(forbid=hd.DATA_COLLECTIVES) as comm:
+            got = ctx.impl.ring_all_gather(chunk, numel)
+        out.append({"got": got, "comm": comm.report()})
+    return out
+
+
+def body_all_reduce(ctx, seed, cases):
+    out = []
+    for shape, dtype, layout, op in cases:
+        base, view = make_input(seed, ctx.rank, shape, dtype, layout)
+        with ctx.count_comm(forbid=hd.DATA_COLLECTIVES) as comm:
+            ret = ctx.impl.ring_all_reduce(view, op=op)
+        out.append({"base": base, "same": ret is view, "comm": comm.report()})
+    return out
+
+
+def body_errors(ctx, calls):
+    out = []
+    for fn, kwargs, n, dtype in calls:
+        _, t = make_input(0, ctx.rank, (n,), dtype)
+        try:
+            getattr(ctx.impl, fn)(t, **kwargs)
+            out.append("no error")
+        except Exception as e:  # noqa: BLE001 - the type is what we grade
+            out.append(type(e).__name__)
+    return out
+
+
+def body_rounding(ctx, seed, n, dtype):
+    vals = rounding_inputs(seed, ctx.world_size, n, dtype)[ctx.rank]
+    t = vals.clone()
+    with ctx.count_comm(forbid=hd.DATA_COLLECTIVES) as comm:
+        ctx.impl.ring_all_reduce(t)
+    return {"got": t, "comm": comm.report()}
+
+
+def body_subgroups(ctx, seed, n):
+    import torch.distributed as dist
+    groups = [dist.new_group([0, 2]), dist.new_group([1, 3])]
+    mine = groups[ctx.rank % 2]
+    _, t = make_input(seed, ctx.rank, (n,), "fp32")
+    with ctx.count_comm(forbid=hd.DATA_COLLECTIVES) as comm:
+        ctx.impl.ring_all_reduce(t, op="sum", group=mine)
+    return {"got": t, "comm": comm.report()}
+
+
+def body_cpu_perf(ctx, seed, n, repeats):
+    import torch.distributed as dist
+    _, x = make_input(seed, ctx.rank, (n,), "fp32")
+    buf = torch.empty_like(x)
+    times = {"ring": [], "gloo": []}
+    for i in range(repeats + 2):
+        for name in (("ring", "gloo") if i % 2 == 0 else ("gloo", "ring")):
+            buf.copy_(x)
+            t0 = time.perf_counter()
+            if name == "ring":
+                ctx.impl.ring_all_reduce(buf)
+            else:
+                dist.all_reduce(buf)
+            dt = time.perf_counter() - t0
+            if i >= 2:  # two warm-up rounds
+                times[name].append(dt)
+            if name == "ring":
+                ring_out = buf.clone()
+            else:
+                gloo_out = buf.clone()
+    return {"ring": statistics.median(times["ring"]), "gloo": statistics.median(times["gloo"]),
+            "err": float((ring_out - gloo_out).abs().max())}
+
+
+def body_gpu_perf(ctx, seed, n):
+    """Time the student's ring and NCCL's all_reduce on each rank with harness.bench
+    (CUDA events, L2 flush, interleaved); every timed output is checked against NCCL."""
+    import torch.distributed as dist
+    from harness.bench import time_interleaved
+    dev = torch.device("cuda", ctx.rank)
+
+    def make_inputs(i):
+        g = torch.Generator().manual_seed((seed * 131 + ctx.rank * 17 + i) % 2**63)
+        return (torch.randn(n, generator=g).to(dev),)
+
+    work = {"student": torch.empty(n, device=dev), "nccl": torch.empty(n, device=dev)}
+
+    def student(x):  # both candidates pay the same copy into a work buffer (the ops are in place)
+        work["student"].copy_(x)
+        return ctx.impl.ring_all_reduce(work["student"])
+
+    def nccl(x):
+        work["nccl"].copy_(x)
+        dist.all_reduce(work["nccl"])
+        return work["nccl"]
+
+    def check(name, out, args):  # same order on every rank, so the extra all_reduce matches up
+        ref = args[0].clone()
+        dist.all_reduce(ref)
+        if not torch.allclose(out, ref, atol=1e-3, rtol=1e-4):
+            raise AssertionError(f"{name}: a timed all-reduce output is wrong")
+
+    t = time_interleaved({"student": student, "nccl": nccl}, make_inputs, check, device=dev, pool=3)
+    return {"student": t["student"].median_s, "nccl": t["nccl"].median_s}
+
+
+# ----------------------------------------------------------------------------- rounding inputs
+
+def rounding_inputs(seed, W, n, dtype):
+    """W tensors of ``dtype`` (fp16/bf16) spanning the dtype's range, whose float32 sum is exact
+    in every order: per element, all ranks draw from one exponent window of width kmax below a
+    top exponent e, so every partial sum fits float32's 24-bit significand. Sums past the
+    dtype's largest value round to inf (fp16)."""
+    g = torch.Generator().manual_seed(seed)
+    if dtype == "fp16":
+        mbits, kmax, elo, ehi = 11, 10, -14, 15
+    else:
+        mbits, kmax, elo, ehi = 8, 12, -120, 126
+    e = torch.randint(elo, ehi + 1, (n,), generator=g, dtype=torch.int64)
+    out = []
+    for _ in range(W):
+        k = torch.randint(0, kmax + 1, (n,), generator=g)
+        mant = torch.randint(2 ** (mbits - 1), 2 ** mbits, (n,), generator=g).to(torch.float64)
+        sign = torch.randint(0, 2, (n,), generator=g).to(torch.float64) * 2 - 1
+        x = sign * mant * torch.pow(2.0, (e - k - (mbits - 1)).to(torch.float64))
+        out.append(x.to(DT[dtype]))
+    return out
+
+
+# ============================================================================ Part A: reduce-scatter
+
+@pytest.mark.part("A")
+@pytest.mark.points(2)
+@pytest.mark.parametrize("W", [1, 2, 3, 4], ids=lambda w: f"W{w}")
+def test_reduce_scatter_returns_reduced_chunk_of_rank(W, impl_path, seed):
+    sizes = sorted({1, max(W - 1, 1), W + 1, 5 * W + 2, 29})
+    cases = [(n, "fp32", "sum") for n in sizes]
+    res = hd.run(body_reduce_scatter, W, seed, cases, impl_path=impl_path, timeout=SMALL_T)
+    for i, (n, dtype, op) in enumerate(cases):
+        c = ceil_div(n, W)
+        want = oracle([make_input(seed, r, (n,), dtype)[1] for r in range(W)], op)
+        want = torch.cat([want, torch.zeros(W * c - n, dtype=want.dtype)])
+        for r in range(W):
+            got = res[r][i]["got"]
+            case = f"W={W}, N={n}, rank {r}, chunk c=ceil(N/W)={c}"
+            if not isinstance(got, torch.Tensor) or got.dim() != 1 or got.numel() != c:
+                raise AssertionError(f"reduce-scatter must return a 1-D tensor of ceil(N/W) elements ({case}): "
+                                     f"got {getattr(got, 'shape', type(got).__name__)}")
+            valid = max(0, min(c, n - r * c))  # entries past N are unspecified
+            assert_close(got[:valid], want[r * c:r * c + valid], atol=1e-5, rtol=1e-5,
+                         what="wrong chunk or wrong reduction (rank r must hold chunk r, summed over all ranks)",
+                         case=case)
+            check_comm([res[r][i]["comm"]], case=case)
+
+
+@pytest.mark.part("A")
+@pytest.mark.parametrize("W", [2, 3], ids=lambda w: f"W{w}")
+def test_reduce_scatter_max_avg_and_dtypes(W, impl_path, seed):
+    cases = [(11, "fp32", "max"), (11, "fp32", "avg"), (10, "int64", "sum"), (9, "int32", "max"),
+             (13, "bf16", "sum"), (7, "fp64", "avg")]
+    res = hd.run(body_reduce_scatter, W, seed, cases, impl_path=impl_path, timeout=SMALL_T)
+    for i, (n, dtype, op) in enumerate(cases):
+        c = ceil_div(n, W)
+        want = oracle([make_input(seed, r, (n,), dtype)[1] for r in range(W)], op)
+        atol, rtol = tolerance(DT[dtype], "cpu") if DT[dtype].is_floating_point else (0, 0)
+        for r in range(W):
+            got = res[r][i]["got"]
+            valid = max(0, min(c, n - r * c))
+            case = f"W={W}, N={n}, {dtype}, op={op!r}, rank {r}"
+            if got.dtype != DT[dtype]:
+                raise AssertionError(f"reduce-scatter must return the input's dtype ({case}): got {got.dtype}")
+            assert_close(got[:valid], want[r * c:r * c + valid], atol=atol, rtol=rtol,
+                         what=f"reduce-scatter with op={op!r} is wrong", case=case)
+
+
+@pytest.mark.part("A")
+def test_reduce_scatter_leaves_input_unchanged_and_is_bandwidth_optimal(impl_path, seed):
+    W = 4
+    cases = [(1001, "fp32", "sum"), (999, "fp16", "sum"), (3, "int64", "sum")]
+    res = hd.run(body_reduce_scatter, W, seed, cases, impl_path=impl_path, timeout=SMALL_T)
+    for i, (n, dtype, _) in enumerate(cases):
+        c = ceil_div(n, W)
+        bound = (W - 1) * c * max(DT[dtype].itemsize, 4)
+        case = f"W={W}, N={n}, {dtype}"
+        check_comm([res[r][i]["comm"] for r in range(W)], bound_bytes=bound, what="reduce-scatter", case=case)
+        for r in range(W):
+            if not res[r][i]["unchanged"]:
+                raise AssertionError(f"reduce-scatter modified its input tensor ({case}, rank {r}); it must "
+                                     "return a new tensor")
+
+
+@pytest.mark.part("A")
+def test_reduce_scatter_rejects_bad_op_and_avg_on_integers(impl_path):
+    calls = [("ring_reduce_scatter", {"op": "mean"}, 6, "fp32"),
+             ("ring_reduce_scatter", {"op": "avg"}, 6, "int32")]
+    res = hd.run(body_errors, 2, calls, impl_path=impl_path, timeout=SMALL_T)
+    for r in range(2):
+        assert res[r][0] == "ValueError", f"op='mean' must raise ValueError (rank {r}): got {res[r][0]}"
+        assert res[r][1] == "TypeError", f"op='avg' on int32 must raise TypeError (rank {r}): got {res[r][1]}"
+
+
+# ============================================================================ Part B: all-gather
+
+@pytest.mark.part("B")
+@pytest.mark.points(2)
+@pytest.mark.parametrize("W", [1, 2, 3, 4], ids=lambda w: f"W{w}")
+def test_all_gather_concatenates_chunks_in_rank_order(W, impl_path, seed):
+    cases = [(n, dt) for n in sorted({0, 1, max(W - 1, 1), 4 * W + 3}) for dt in ("fp32", "int64")]
+    cases.append((W * 3 + 1, "fp16"))
+    res = hd.run(body_all_gather, W, seed, cases, impl_path=impl_path, timeout=SMALL_T)
+    for i, (numel, dtype) in enumerate(cases):
+        c = ceil_div(numel, W)
+        full, _ = make_input(seed, 0, (max(W * c, 1),), dtype)
+        want = full[:numel]
+        for r in range(W):
+            got = res[r][i]["got"]
+            case = f"W={W}, numel={numel}, {dtype}, rank {r}"
+            if got.dtype != want.dtype:
+                raise AssertionError(f"all-gather must keep the chunk's dtype ({case}): got {got.dtype}")
+            assert_close(got, want, atol=0, rtol=0,
+                         what="all-gather result is not the rank-ordered concatenation truncated to numel",
+                         case=case)
+            check_comm([res[r][i]["comm"]], case=case)
+
+
+@pytest.mark.part("B")
+def test_all_gather_is_bandwidth_optimal(impl_path, seed):
+    W = 3
+    cases = [(1000, "fp32"), (1000, "fp16"), (998, "int64")]
+    res = hd.run(body_all_gather, W, seed, cases, impl_path=impl_path, timeout=SMALL_T)
+    for i, (numel, dtype) in enumerate(cases):
+        c = ceil_div(numel, W)
+        bound = (W - 1) * c * max(DT[dtype].itemsize, 4)
+        check_comm([res[r][i]["comm"] for r in range(W)], bound_bytes=bound, what="all-gather",
+                   case=f"W={W}, numel={numel}, {dtype}")
+
+
+def body_all_gather_bad(ctx, numel, length):
+    try:
+        ctx.impl.ring_all_gather(torch.zeros(length), numel)
+        return "no error"
+    except Exception as e:  # noqa: BLE001
+        return type(e).__name__
+
+
+@pytest.mark.part("B")
+def test_all_gather_rejects_chunk_of_wrong_length(impl_path):
+    res = hd.run(body_all_gather_bad, 3, 10, 3, impl_path=impl_path, timeout=SMALL_T)  # needs ceil(10/3) = 4
+    for r, got in enumerate(res):
+        assert got == "ValueError", (f"a chunk of 3 elements for numel=10, W=3 (needs 4) must raise ValueError "
+                                     f"(rank {r}): got {got}")
+
+
+# ============================================================================ Part C: all-reduce
+
+def _check_all_reduce(res, seed, W, cases, what="all-reduce result is wrong"):
+    for i, (shape, dtype, layout, op) in enumerate(cases):
+        inputs = [make_input(seed, r, shape, dtype, layout) for r in range(W)]
+        want = oracle([v for _, v in inputs], op)
+        dt = DT[dtype]
+        if op == "max" or not dt.is_floating_point:
+            atol = rtol = 0.0
+        else:
+            atol, rtol = tolerance(dt, "cpu")
+        base0, view0 = inputs[0]
+        mask = covered(base0, view0)
+        first = None
+        for r in range(W):
+            case = f"W={W}, shape={tuple(shape)}, {dtype}, {layout}, op={op!r}, rank {r}"
+            got_base = res[r][i]["base"]
+            if not res[r][i]["same"]:
+                raise AssertionError(f"ring_all_reduce must work in place and return the tensor it was given ({case})")
+            got = got_base.as_strided(view0.shape, view0.stride(), view0.storage_offset())
+            assert_close(got.reshape(-1), want, atol=atol, rtol=rtol, what=what, case=case)
+            outside = got_base.reshape(-1)[~mask]
+            if outside.numel() and not bool((outside == -7).all()):
+                raise AssertionError(f"wrote outside the view ({case}): elements of the storage that the view does "
+                                     "not cover changed (write through the view, e.g. tensor.copy_(result))")
+            if first is None:
+                first = got.clone()
+            elif not torch.equal(_bitwise(got), _bitwise(first)):
+                raise AssertionError(f"ranks disagree ({case}): every rank must end with bitwise identical values "
+                                     "(reduce once, then circulate the final chunks)")
+            check_comm([res[r][i]["comm"]], case=case)
+
+
+@pytest.mark.part("C")
+@pytest.mark.points(2)
+@pytest.mark.parametrize("W", [1, 2, 3, 4], ids=lambda w: f"W{w}")
+def test_all_reduce_sum_any_size(W, impl_path, seed):
+    sizes = sorted({0, 1, max(W - 1, 1), W + 1, 7 * W + 3})
+    cases = [((n,), "fp32", "contiguous", "sum") for n in sizes]
+    res = hd.run(body_all_reduce, W, seed, cases, impl_path=impl_path, timeout=SMALL_T)
+    _check_all_reduce(res, seed, W, cases, what="all-reduce sum is wrong")
+
+
+@pytest.mark.part("C")
+@pytest.mark.parametrize("layout", ["transposed", "strided"])
+def test_all_reduce_strided_views_in_place(layout, impl_path, seed):
+    W = 3
+    cases = [((5, 7), "fp32", layout, "sum"), ((3, 2), "int64", layout, "sum"), ((1, 4), "fp16", layout, "max")]
+    res = hd.run(body_all_reduce, W, seed, cases, impl_path=impl_path, timeout=SMALL_T)
+    _check_all_reduce(res, seed, W, cases, what=f"all-reduce of a {layout} view is wrong (the result must land in "
+                                                "the caller's view, whatever its strides)")
+
+
+@pytest.mark.part("C")
+@pytest.mark.parametrize("dtype", list(DT))
+def test_all_reduce_every_dtype(dtype, impl_path, seed):
+    W = 3
+    cases = [((17,), dtype, "contiguous", "sum"), ((2, 5), dtype, "contiguous", "max")]
+    res = hd.run(body_all_reduce, W, seed, cases, impl_path=impl_path, timeout=SMALL_T)
+    for r in range(W):
+        got = res[r][0]["base"]
+        if got.dtype != DT[dtype]:
+            raise AssertionError(f"dtype changed to {got.dtype} (W={W}, {dtype})")
+    _check_all_reduce(res, seed, W, cases, what=f"all-reduce of {dtype} is wrong")
+
+
+@pytest.mark.part("C")
+@pytest.mark.parametrize("W", [2, 4], ids=lambda w: f"W{w}")
+def test_all_reduce_avg_and_max(W, impl_path, seed):
+    cases = [((13,), "fp32", "contiguous", "avg"), ((3, 3), "fp64", "contiguous", "avg"),
+             ((6,), "bf16", "contiguous", "avg"), ((11,), "fp32", "contiguous", "max"),
+             ((5,), "int32", "contiguous", "max")]
+    res = hd.run(body_all_reduce, W, seed, cases, impl_path=impl_path, timeout=SMALL_T)
+    _check_all_reduce(res, seed, W, cases, what="avg (sum / W, once) or max is wrong")
+
+
+@pytest.mark.part("C")
+def test_all_reduce_rejects_bad_op_and_avg_on_integers(impl_path):
+    calls = [("ring_all_reduce", {"op": "min"}, 5, "fp32"), ("ring_all_reduce", {"op": "avg"}, 5, "int64"),
+             ("ring_all_reduce", {"op": "SUM"}, 5, "int32")]
+    res = hd.run(body_errors, 2, calls, impl_path=impl_path, timeout=SMALL_T)
+    for r in range(2):
+        assert res[r][0] == "ValueError", f"op='min' must raise ValueError (rank {r}): got {res[r][0]}"
+        assert res[r][1] == "TypeError", f"op='avg' on int64 must raise TypeError (rank {r}): got {res[r][1]}"
+        assert res[r][2] == "ValueError", f"op='SUM' (ops are lower-case) must raise ValueError: got {res[r][2]}"
+
+
+@pytest.mark.part("C")
+@pytest.mark.points(2)
+@pytest.mark.parametrize("dtype", ["fp16", "bf16"])
+@pytest.mark.parametrize("W", [2, 3, 4], ids=lambda w: f"W{w}")
+def test_half_precision_accumulates_in_fp32_and_rounds_once(W, dtype, impl_path, seed):
+    n = 3001
+    res = hd.run(body_rounding, W, seed, n, dtype, impl_path=impl_path, timeout=SMALL_T)
+    xs = rounding_inputs(seed, W, n, dtype)
+    exact = torch.stack([x.to(torch.float64) for x in xs]).sum(0)
+    assert torch.equal(exact.to(torch.float32).to(torch.float64), exact)  # the inputs' promise
+    want = exact.to(torch.float32).to(DT[dtype])
+    for r in range(W):
+        got = res[r]["got"]
+        diff = (_bitwise(got) != _bitwise(want)).nonzero().flatten()
+        if diff.numel():
+            shown = "; ".join(f"element {i}: inputs {[x[i].item() for x in xs]}, got {got[i].item()!r}, want "
+                              f"{want[i].item()!r}" for i in diff[:3].tolist())
+            raise AssertionError(f"{dtype} sum is not the float32 sum rounded once (W={W}, N={n}, rank {r}): "
+                                 f"{diff.numel()} of {n} elements differ; accumulate partial sums in float32 and "
+                                 f"round only at the end. {shown}")
+        check_comm([res[r]["comm"]], bound_bytes=2 * (W - 1) * ceil_div(n, W) * 4, what="all-reduce",
+                   case=f"W={W}, {dtype}")
+
+
+@pytest.mark.part("C")
+@pytest.mark.points(2)
+@pytest.mark.parametrize("W", [2, 3, 4], ids=lambda w: f"W{w}")
+def test_all_reduce_bytes_per_rank_within_ring_bound(W, impl_path, seed):
+    cases = [((2003,), "fp32", "contiguous", "sum"), ((997,), "fp64", "contiguous", "sum"),
+             ((1002,), "bf16", "contiguous", "sum")]
+    res = hd.run(body_all_reduce, W, seed, cases, impl_path=impl_path, timeout=SMALL_T)
+    for i, (shape, dtype, _, _) in enumerate(cases):
+        c = ceil_div(shape[0], W)
+        bound = 2 * (W - 1) * c * max(DT[dtype].itemsize, 4)
+        check_comm([res[r][i]["comm"] for r in range(W)], bound_bytes=bound, what="all-reduce",
+                   case=f"W={W}, N={shape[0]}, {dtype}: bound 2(W-1)*ceil(N/W)*{max(DT[dtype].itemsize, 4)} bytes")
+    _check_all_reduce(res, seed, W, cases)
+
+
+@pytest.mark.part("C")
+def test_all_reduce_honours_group(impl_path, seed):
+    n = 23
+    res = hd.run(body_subgroups, 4, seed, n, impl_path=impl_path, timeout=SMALL_T)
+    for r in range(4):
+        members = [0, 2] if r % 2 == 0 else [1, 3]
+        want = oracle([make_input(seed, m, (n,), "fp32")[1] for m in members], "sum")
+        assert_close(res[r]["got"], want, atol=1e-5, rtol=1e-5,
+                     what="group not honoured (rank and W must be taken within `group`, peers translated with "
+                          "dist.get_global_rank)", case=f"world 4, groups [0,2] and [1,3], N={n}, rank {r}")
+        check_comm([res[r]["comm"]], case="subgroups")
+
+
+@pytest.mark.part("C")
+@pytest.mark.points(2)
+@pytest.mark.parametrize("W", [2, 3], ids=lambda w: f"W{w}")
+def test_large_tensor_completes_without_deadlock(W, impl_path, seed):
+    n = 1_500_007  # 6 MB of float32: blocking sends between neighbours would wait forever
+    cases = [((n,), "fp32", "contiguous", "sum")]
+    res = hd.run(body_all_reduce, W, seed, cases, impl_path=impl_path, timeout=LARGE_T)
+    _check_all_reduce(res, seed, W, cases, what="large all-reduce is wrong")
+    c = ceil_div(n, W)
+    check_comm([res[r][0]["comm"] for r in range(W)], bound_bytes=2 * (W - 1) * c * 4, what="all-reduce",
+               case=f"W={W}, N={n}")
+
+
+# ============================================================================ performance
+
+@pytest.mark.part("C")
+@pytest.mark.points(0)
+def test_cpu_time_vs_gloo_all_reduce(impl_path, seed, record_perf):
+    """Informational on CPU: the ring's time over gloo's all_reduce, same run, interleaved."""
+    W, n = 2, 1 << 18
+    res = hd.run(body_cpu_perf, W, seed, n, 5, impl_path=impl_path, timeout=LARGE_T)
+    ring = max(r["ring"] for r in res)
+    gloo = max(r["gloo"] for r in res)
+    assert max(r["err"] for r in res) < 1e-3, "the timed ring all-reduce disagrees with gloo's all_reduce"
+    record_perf("allreduce_time_vs_gloo_cpu", ring / gloo, ring_ms=ring * 1e3, gloo_ms=gloo * 1e3, W=W, N=n)
+
+
+@pytest.mark.gpu
+@pytest.mark.perf
+@pytest.mark.part("C")
+def test_busbw_vs_nccl(impl_path, seed, record_perf):
+    """busbw (nccl-tests) = 2(W-1)/W * bytes / time; ratio = NCCL busbw / yours (lower is better)."""
+    W = min(torch.cuda.device_count(), 8)
+    if W < 2:
+        pytest.skip("needs at least 2 CUDA GPUs for an NCCL ring")
+    n = 16 * 2**20  # 64 MiB of float32
+    res = hd.run(body_gpu_perf, W, seed, n, impl_path=impl_path, timeout=300, device="cuda")
+    t_student = max(r["student"] for r in res)
+    t_nccl = max(r["nccl"] for r in res)
+    nbytes = 4 * n
+    busbw = lambda t: 2 * (W - 1) / W * nbytes / t / 1e9  # noqa: E731
+    record_perf("allreduce_busbw_vs_nccl", busbw(t_nccl) / busbw(t_student),
+                student_busbw_GBps=busbw(t_student), nccl_busbw_GBps=busbw(t_nccl), W=W, MiB=nbytes / 2**20)

@@ -1,0 +1,328 @@
+"""Hidden graders of lab 02, ZeRO-1 sharded AdamW (lab-contracts.md section 02).
+
+Each case runs ZeroAdamW on W spawned gloo ranks (harness.distributed.run) for
+a few steps, every rank feeding its own gradients; the parent replays the same
+steps with single-process torch.optim.AdamW fed the averaged gradients (and
+torch.nn.utils.clip_grad_norm_ when clipping) and compares the parameters after
+every step (float32: atol 1e-6, rtol 1e-5), on every rank.
+"""
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from harness import distributed as hd
+from harness.testing import assert_close
+
+T = 60.0
+ATOL, RTOL = 1e-6, 1e-5
+
+
+# ----------------------------------------------------------------------------- scenario
+
+def make_params(seed, groups):
+    """Initial parameters: ``groups`` is a list of (shapes, options) per param group."""
+    g = torch.Generator().manual_seed(seed % 2**63)
+    return [[torch.randn(s, generator=g) for s in shapes] for shapes, _ in groups]
+
+
+def make_grad(seed, rank, step, gi, pi, shape):
+    g = torch.Generator().manual_seed((seed * 7919 + rank * 1009 + step * 101 + gi * 13 + pi) % 2**63)
+    return torch.randn(shape, generator=g) * (1 + gi)
+
+
+def has_grad(none, rank, step, gi, pi) -> bool:
+    """``none`` maps (gi, pi) to "all" (grad None on every rank, every step), ("first", k)
+    (None on every rank in the first k steps) or ("ranks", [r...]) (None on those ranks)."""
+    rule = none.get((gi, pi))
+    if rule is None:
+        return True
+    if rule == "all":
+        return False
+    kind, arg = rule
+    if kind == "first":
+        return step >= arg
+    return rank not in arg
+
+
+def body_train(ctx, seed, groups, steps, kwargs, none, world_group=None, memory=False):
+    import torch.distributed as dist
+    group = None
+    rank, W = ctx.rank, ctx.world_size
+    if world_group is not None:  # split the world into subgroups, run in ours
+        subgroups = [dist.new_group(m) for m in world_group]
+        group = next(g for g, m in zip(subgroups, world_group) if rank in m)
+        members = next(m for m in world_group if rank in m)
+        rank, W = members.index(rank), len(members)
+    params = [[p.clone().requires_grad_(True) for p in ps] for ps in make_params(seed, groups)]
+    pg = [{"params": ps, **opts} for ps, (_, opts) in zip(params, groups)]
+    with ctx.count_comm() as comm:
+        opt = ctx.impl.ZeroAdamW(pg, group=group, **kwargs)
+    out = []
+    for step in range(steps):
+        for gi, ps in enumerate(params):
+            for pi, p in enumerate(ps):
+                p.grad = (make_grad(seed, rank if world_group is None else ctx.rank, step, gi, pi, p.shape)
+                          if has_grad(none, rank, step, gi, pi) else None)
+        with ctx.count_comm() as comm:
+            opt.step()
+        gn = opt.grad_norm
+        out.append({"params": torch.cat([p.detach().reshape(-1) for ps in params for p in ps]),
+                    "grad_norm": gn.detach().clone() if isinstance(gn, torch.Tensor) else gn,
+                    "comm": comm.report()})
+    result = {"steps": out}
+    if memory:
+        result["state_bytes"] = state_bytes(opt, [p for ps in params for p in ps])
+    return result
+
+
+def state_bytes(opt, params) -> dict:
+    """Bytes of every tensor storage reachable from ``opt`` (attributes, dicts, lists, ...),
+    except storages shared with the parameters or their gradients."""
+    exclude = set()
+    for p in params:
+        exclude.add(p.untyped_storage().data_ptr())
+        if p.grad is not None:
+            exclude.add(p.grad.untyped_storage().data_ptr())
+    seen_obj, seen_storage = set(), set()
+    total, largest = 0, (0, "")
+    stack = [(opt, "opt")]
+    skip = (type, type(math), type(len), type(state_bytes))
+    while stack:
+        obj, path = stack.pop()
+        if id(obj) in seen_obj or isinstance(obj, skip) or isinstance(obj, (str, bytes, int, float, bool)):
+            continue
+        seen_obj.add(id(obj))
+        if isinstance(obj, torch.Tensor):
+            st = obj.untyped_storage()
+            key = st.data_ptr()
+            if key in exclude or key in seen_storage or st.nbytes() == 0:
+                continue
+            seen_storage.add(key)
+            total += st.nbytes()
+            if st.nbytes() > largest[0]:
+                largest = (st.nbytes(), f"{path}: {tuple(obj.shape)} {obj.dtype}, storage {st.nbytes()} bytes")
+            continue
+        if isinstance(obj, dict):
+            for k, v in obj.items():
+                stack.append((k, f"{path}[key]"))
+                stack.append((v, f"{path}[{k!r}]" if isinstance(k, (str, int)) else f"{path}[..]"))
+        elif isinstance(obj, (list, tuple, set, frozenset)):
+            for i, v in enumerate(obj):
+                stack.append((v, f"{path}[{i}]"))
+        else:
+            d = getattr(obj, "__dict__", None)
+            if isinstance(d, dict):
+                for k, v in d.items():
+                    stack.append((v, f"{path}.{k}"))
+            for k in getattr(type(obj), "__slots__", ()):
+                if hasattr(obj, k):
+                    stack.append((getattr(obj, k), f"{path}.{k}"))
+    return {"total": total, "largest": largest[1]}
+
+
+def reference(seed, groups, steps, kwargs, none, W, rank_of=lambda r: r):
+    """Single-process torch.optim.AdamW on the averaged gradients: params and grad norms per step."""
+    params = [[p.clone().requires_grad_(True) for p in ps] for ps in make_params(seed, groups)]
+    pg = [{"params": ps, **opts} for ps, (_, opts) in zip(params, groups)]
+    kw = dict(kwargs)
+    max_norm = kw.pop("max_grad_norm", None)
+    opt = torch.optim.AdamW(pg, **kw)
+    out = []
+    for step in range(steps):
+        for gi, ps in enumerate(params):
+            for pi, p in enumerate(ps):
+                gs = [make_grad(seed, rank_of(r), step, gi, pi, p.shape) if has_grad(none, r, step, gi, pi)
+                      else torch.zeros(p.shape) for r in range(W)]
+                any_grad = any(has_grad(none, r, step, gi, pi) for r in range(W))
+                p.grad = torch.stack(gs).mean(0) if any_grad else None
+        with_grad = [p for ps in params for p in ps if p.grad is not None]
+        if with_grad:
+            norm = torch.linalg.vector_norm(torch.cat([p.grad.reshape(-1) for p in with_grad]).double())
+        else:
+            norm = torch.tensor(0.0)
+        if max_norm is not None:
+            torch.nn.utils.clip_grad_norm_(with_grad, max_norm)
+        opt.step()
+        out.append({"params": torch.cat([p.detach().reshape(-1) for ps in params for p in ps]).clone(),
+                    "grad_norm": norm.float()})
+    return out
+
+
+def check_training(res, ref, *, what, case, check_norm=False, ranks=None):
+    ranks = range(len(res)) if ranks is None else ranks
+    for step, want in enumerate(ref):
+        first = None
+        for r in ranks:
+            got = res[r]["steps"][step]
+            c = f"{case}, after step {step + 1}, rank {r}"
+            assert_close(got["params"], want["params"], atol=ATOL, rtol=RTOL, what=what, case=c)
+            if first is None:
+                first = got["params"]
+            elif not torch.equal(first, got["params"]):
+                bad = int((first != got["params"]).sum())
+                raise AssertionError(f"parameters differ between ranks ({c}): {bad} elements; after step() every "
+                                     "rank must hold the same parameters (all-gather the owned shards)")
+            if check_norm:
+                gn = got["grad_norm"]
+                if not isinstance(gn, torch.Tensor) or gn.dim() != 0 or gn.dtype != torch.float32:
+                    raise AssertionError(f"grad_norm must be a 0-dim float32 tensor ({c}), got "
+                                         f"{getattr(gn, 'shape', type(gn).__name__)} {getattr(gn, 'dtype', '')}")
+                assert_close(gn, want["grad_norm"], atol=1e-6, rtol=1e-5,
+                             what="grad_norm is not the global 2-norm of the averaged gradient (before clipping), "
+                                  "summed over every shard", case=c)
+
+
+def run_case(W, impl_path, seed, groups, *, steps=3, kwargs=None, none=None, what, case, check_norm=False):
+    kwargs = kwargs or {}
+    none = none or {}
+    res = hd.run(body_train, W, seed, groups, steps, kwargs, none, impl_path=impl_path, timeout=T)
+    ref = reference(seed, groups, steps, kwargs, none, W)
+    check_training(res, ref, what=what, case=case, check_norm=check_norm)
+    return res
+
+
+def _n(groups):
+    return sum(math.prod(s) for shapes, _ in groups for s in shapes)
+
+
+# ============================================================================ Part A: the sharded step
+
+@pytest.mark.part("A")
+@pytest.mark.points(3)
+@pytest.mark.parametrize("W", [1, 2, 3, 4], ids=lambda w: f"W{w}")
+def test_matches_adamw_on_averaged_gradients(W, impl_path, seed):
+    groups = [([(7, 5), (13,), (3, 1)], {})]
+    run_case(W, impl_path, seed, groups, kwargs={"lr": 1e-2, "weight_decay": 0.1},
+             what="parameters differ from torch.optim.AdamW fed the gradients averaged over the ranks",
+             case=f"W={W}, N={_n(groups)}, 3 steps")
+
+
+@pytest.mark.part("A")
+@pytest.mark.parametrize("W", [3, 4], ids=lambda w: f"W{w}")
+def test_n_not_divisible_by_w_padding_never_leaks(W, impl_path, seed):
+    groups = [([(4, 3), (2,)], {})]  # N = 14: the last shard is padded
+    run_case(W, impl_path, seed, groups, steps=3, kwargs={"lr": 3e-2, "betas": (0.8, 0.99), "eps": 1e-6},
+             what="wrong parameters when N is not a multiple of W (padding of the last shard must never reach a "
+                  "parameter)", case=f"W={W}, N=14, c=ceil(N/W)={-(-14 // W)}")
+
+
+@pytest.mark.part("A")
+def test_a_rank_that_owns_nothing(impl_path, seed):
+    groups = [([(2,), (1,)], {})]  # N = 3 on W = 4: c = 1, rank 3 owns nothing
+    run_case(4, impl_path, seed, groups, kwargs={"lr": 5e-2},
+             what="wrong parameters when a rank owns no element", case="W=4, N=3 (rank 3 owns nothing)")
+
+
+@pytest.mark.part("A")
+@pytest.mark.points(2)
+@pytest.mark.parametrize("W", [2, 3], ids=lambda w: f"W{w}")
+def test_param_groups_with_their_own_lr_and_weight_decay(W, impl_path, seed):
+    groups = [([(9, 2), (5,)], {"lr": 2e-2, "weight_decay": 0.2}),
+              ([(3,)], {"lr": 5e-3, "weight_decay": 0.0, "betas": (0.5, 0.9)}),
+              ([(4, 2)], {"eps": 1e-3})]  # N = 34; at W=3 rank 0 owns nothing of groups 1 and 2
+    run_case(W, impl_path, seed, groups, kwargs={"lr": 1e-2, "weight_decay": 0.05},
+             what="per-group hyper-parameters not honoured (each element uses its own group's lr, betas, eps, "
+                  "weight_decay)", case=f"W={W}, 3 groups, N=34")
+
+
+@pytest.mark.part("A")
+@pytest.mark.points(2)
+@pytest.mark.parametrize("W", [2, 3], ids=lambda w: f"W{w}")
+def test_grad_none_on_all_ranks_leaves_param_unchanged(W, impl_path, seed):
+    groups = [([(6,), (5,), (4,)], {"weight_decay": 0.3})]
+    none = {(0, 1): "all", (0, 2): ("first", 2)}  # param 1 never has a grad; param 2 only from step 3
+    run_case(W, impl_path, seed, groups, steps=4, kwargs={"lr": 1e-2}, none=none,
+             what="a parameter whose grad is None on every rank must stay unchanged (no weight decay) and not "
+                  "advance its own step count (bias correction uses the per-parameter step)",
+             case=f"W={W}, grad None: param 1 always, param 2 in steps 1-2")
+
+
+@pytest.mark.part("A")
+@pytest.mark.parametrize("W", [2, 4], ids=lambda w: f"W{w}")
+def test_grad_none_on_some_ranks_counts_as_zero(W, impl_path, seed):
+    groups = [([(5,), (7,)], {})]
+    none = {(0, 0): ("ranks", [0]), (0, 1): ("ranks", list(range(1, W)))}
+    run_case(W, impl_path, seed, groups, kwargs={"lr": 2e-2}, none=none,
+             what="a grad that is None on some ranks only must count as zeros there (and still be averaged "
+                  "over all W ranks)", case=f"W={W}")
+
+
+@pytest.mark.part("A")
+@pytest.mark.points(2)
+def test_group_is_honoured(impl_path, seed):
+    groups = [([(5, 3), (4,)], {})]
+    steps, kwargs = 2, {"lr": 1e-2, "max_grad_norm": 1.0}
+    subgroups = [[0, 2], [1, 3]]
+    res = hd.run(body_train, 4, seed, groups, steps, kwargs, {}, subgroups, impl_path=impl_path, timeout=T)
+    for members in subgroups:
+        ref = reference(seed, groups, steps, kwargs, {}, len(members), rank_of=lambda r, m=members: m[r])
+        check_training(res, ref, ranks=members, check_norm=True,
+                       what="group not honoured: average, norm and ownership must use the ranks of `group` "
+                            "(dist.get_rank(group), dist.get_world_size(group)), not the world",
+                       case=f"world 4, groups {subgroups}, ranks {members}")
+
+
+# ============================================================================ Part B: clipping and grad_norm
+
+@pytest.mark.part("B")
+@pytest.mark.points(2)
+@pytest.mark.parametrize("W", [1, 2, 3, 4], ids=lambda w: f"W{w}")
+def test_clips_by_global_norm_across_shards(W, impl_path, seed):
+    groups = [([(6, 4), (9,)], {}), ([(5,)], {"lr": 3e-3})]
+    run_case(W, impl_path, seed, groups, kwargs={"lr": 1e-2, "max_grad_norm": 0.5}, check_norm=True,
+             what="clipping does not match clip_grad_norm_ on the averaged gradient (the norm is global: "
+                  "sqrt of the sum of every shard's squares, not a local, averaged or max norm)",
+             case=f"W={W}, N={_n(groups)}, max_grad_norm=0.5")
+
+
+@pytest.mark.part("B")
+@pytest.mark.parametrize("W", [2, 3], ids=lambda w: f"W{w}")
+def test_no_clipping_below_max_norm_and_grad_norm_always_set(W, impl_path, seed):
+    groups = [([(8,), (3, 3)], {})]
+    for kwargs, label in (({"lr": 1e-2, "max_grad_norm": 1e4}, "max_grad_norm=1e4 (never clips)"),
+                          ({"lr": 1e-2}, "max_grad_norm=None")):
+        run_case(W, impl_path, seed, groups, kwargs=kwargs, check_norm=True,
+                 what="gradients must be left alone when their global norm is below max_grad_norm (the clip "
+                      "coefficient is clamped to 1), and grad_norm set after every step",
+                 case=f"W={W}, {label}")
+
+
+# ============================================================================ Part C: memory
+
+@pytest.mark.part("C")
+@pytest.mark.points(2)
+@pytest.mark.parametrize("W", [2, 4], ids=lambda w: f"W{w}")
+def test_optimizer_state_is_sharded(W, impl_path, seed):
+    groups = [([(150, 200), (7_001,)], {}), ([(999,)], {"weight_decay": 0.0})]  # N = 38000
+    N = _n(groups)
+    steps, kwargs = 2, {"lr": 1e-3}
+    res = hd.run(body_train, W, seed, groups, steps, kwargs, {}, None, True, impl_path=impl_path, timeout=T)
+    ref = reference(seed, groups, steps, kwargs, {}, W)
+    check_training(res, ref, what="wrong parameters", case=f"W={W}, N={N}")
+    c = -(-N // W)
+    bound = 12 * c + 64 * 1024
+    for r in range(W):
+        got = res[r]["state_bytes"]
+        if got["total"] > bound:
+            raise AssertionError(f"optimizer state is not sharded (W={W}, N={N}, rank {r}): tensors reachable from "
+                                 f"the optimizer hold {got['total']} bytes, the bound is 12*ceil(N/W) + 64 KiB = "
+                                 f"{bound}; largest: {got['largest']} (keep exp_avg/exp_avg_sq only for the "
+                                 "elements this rank owns, and no full-size buffers between steps)")
+
+
+@pytest.mark.part("C")
+@pytest.mark.points(0)
+def test_communication_volume_per_step(impl_path, seed, record_perf):
+    """Informational: elements passed to collectives per step against ZeRO-1's 2N."""
+    W = 2
+    groups = [([(40, 25)], {})]
+    N = _n(groups)
+    res = hd.run(body_train, W, seed, groups, 2, {"lr": 1e-3, "max_grad_norm": 1.0}, {},
+                 impl_path=impl_path, timeout=T)
+    rep = res[0]["steps"][-1]["comm"]
+    elems = rep["collective_elems"] + rep["sent_elems"]
+    record_perf("zero_comm_elems_vs_2N", elems / (2 * N), elements=elems, N=N, W=W,
+                calls=";".join(f"{k}x{v}" for k, v in sorted(rep["collectives"].items())))

@@ -1,0 +1,10 @@
+"""Bias correction uses one optimizer-wide step count instead of a count per parameter,
+so a parameter whose first gradient arrives late is corrected with a too-large t.
+Caught by: test_grad_none_on_all_ranks_leaves_param_unchanged[W2]."""
+MUTATE = [
+    ("""        # 3. AdamW on the owned elements""", """        self._t = getattr(self, "_t", 0) + 1
+        # 3. AdamW on the owned elements"""),
+    ("""            state["step"] += 1
+            t = state["step"]""", """            state["step"] = self._t
+            t = state["step"]"""),
+]
