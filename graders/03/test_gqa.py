@@ -1,0 +1,355 @@
+"""Hidden graders for lab 03, grouped-query attention (lab-contracts.md, section 03).
+
+In contract order: grouped_query_attention values, head mapping, MQA/MHA,
+errors, bottom-right causal masking, gradients (part A); the
+GroupedQueryAttention module (part B); the no-repeated-K/V memory rule, the
+no-SDPA rule and speed against SDPA (part C). Oracles are float64
+(harness.oracles.attention) or torch's own SDPA (square shapes only).
+"""
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from harness.oracles import attention
+from harness.sandbox import gradcheck, is_instance, measure, param_grads, vjp
+from harness.testing import assert_close, call_id, randn, tolerance
+
+SDPA = "torch.nn.functional.scaled_dot_product_attention"
+
+
+def _qkv(gen, B, Hq, Hkv, Lq, Lk, D, dtype=torch.float32, layout="contiguous"):
+    q = randn((B, Hq, Lq, D), gen, dtype=dtype, layout=layout)
+    k = randn((B, Hkv, Lk, D), gen, dtype=dtype, layout=layout)
+    v = randn((B, Hkv, Lk, D), gen, dtype=dtype, layout=layout)
+    return q, k, v
+
+
+# --- Part A: grouped_query_attention ---------------------------------------------------------
+
+# small cases first; lengths off powers of two; (B, Hq, Hkv, Lq, Lk, D, causal, scale, dtype, layout)
+VALUE_CASES = [
+    (1, 2, 1, 3, 3, 8, False, None, torch.float32, "contiguous"),
+    (2, 4, 2, 5, 7, 16, False, None, torch.float32, "strided"),
+    (2, 6, 3, 9, 9, 8, True, None, torch.float32, "transposed"),
+    (1, 8, 2, 11, 19, 32, True, 0.3, torch.float32, "contiguous"),
+    (2, 6, 2, 13, 13, 16, False, 1.7, torch.float32, "strided"),
+    (1, 4, 2, 7, 33, 64, True, None, torch.bfloat16, "contiguous"),
+    (2, 8, 4, 5, 21, 32, False, None, torch.float16, "contiguous"),
+]
+
+
+def _vid(c):
+    B, Hq, Hkv, Lq, Lk, D, causal, scale, dtype, layout = c
+    return call_id(B=B, Hq=Hq, Hkv=Hkv, Lq=Lq, Lk=Lk, D=D, dtype=str(dtype).split(".")[-1]) \
+        + ("-causal" if causal else "") + (f"-scale{scale}" if scale else "") + f"-{layout}"
+
+
+@pytest.mark.part("A")
+@pytest.mark.points(3)
+@pytest.mark.parametrize("case", VALUE_CASES, ids=_vid)
+def test_output_matches_float64_oracle(impl, gen, case):
+    B, Hq, Hkv, Lq, Lk, D, causal, scale, dtype, layout = case
+    q, k, v = _qkv(gen, B, Hq, Hkv, Lq, Lk, D, dtype, layout)
+    out = impl.grouped_query_attention(q, k, v, is_causal=causal, scale=scale)
+    ref, _ = attention(q, k, v, is_causal=causal, scale=scale)
+    assert isinstance(out, torch.Tensor) and out.dtype == dtype, \
+        f"wrong output dtype: got {getattr(out, 'dtype', type(out))}, the contract returns q's dtype {dtype}"
+    atol, rtol = tolerance(dtype, "cpu")
+    assert_close(out, ref, atol=atol, rtol=rtol, what="attention output differs from the float64 oracle "
+                 "(check the scale, the softmax axis, the causal mask)", case=_vid(case))
+
+
+@pytest.mark.part("A")
+@pytest.mark.points(2)
+@pytest.mark.parametrize("Hq,Hkv", [(4, 2), (6, 3), (8, 2)], ids=lambda x: str(x))
+def test_query_head_uses_kv_head_h_div_group(impl, gen, Hq, Hkv):
+    # q = k = 0 gives uniform weights, so query head h outputs exactly the value of its KV head
+    B, Lq, Lk, D = 2, 3, 5, 4
+    consts = (torch.randperm(50, generator=gen)[:Hkv] + 1).to(torch.float32)   # distinct per KV head
+    v = consts.view(1, Hkv, 1, 1).expand(B, Hkv, Lk, D).contiguous()
+    q, k = torch.zeros(B, Hq, Lq, D), torch.zeros(B, Hkv, Lk, D)
+    out = impl.grouped_query_attention(q, k, v)
+    got = out[0, :, 0, 0].float()
+    want = consts.repeat_interleave(Hq // Hkv)
+    if not torch.allclose(got, want, atol=1e-4, rtol=1e-5):
+        tiled = consts.repeat(Hq // Hkv)
+        hint = ("KV heads look tiled ([kv0, kv1, kv0, kv1], h % Hkv); query head h must use KV head "
+                "h // (Hq // Hkv) ([kv0, kv0, kv1, kv1], the repeat_interleave order)"
+                if torch.allclose(got, tiled, atol=1e-4, rtol=1e-5) else "wrong query-head to KV-head mapping")
+        raise AssertionError(f"{hint}: Hq={Hq}, Hkv={Hkv}, V of KV head i is the constant {consts.tolist()}; "
+                             f"query heads got {got.tolist()}, expected {want.tolist()}")
+
+
+@pytest.mark.part("A")
+@pytest.mark.parametrize("kind", ["MQA-Hkv1", "MHA-Hkv=Hq"])
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_mqa_and_mha_are_ordinary_cases(impl, gen, kind, causal):
+    B, Hq, Lq, Lk, D = 2, 6, 7, 10, 16
+    Hkv = 1 if kind.startswith("MQA") else Hq
+    q, k, v = _qkv(gen, B, Hq, Hkv, Lq, Lk, D)
+    out = impl.grouped_query_attention(q, k, v, is_causal=causal)
+    ref, _ = attention(q, k, v, is_causal=causal)
+    assert_close(out, ref, atol=1e-5, rtol=1e-5, what=f"{kind} (Hkv={Hkv}) output differs from the oracle",
+                 case=call_id(B=B, Hq=Hq, Hkv=Hkv, Lq=Lq, Lk=Lk, D=D) + ("-causal" if causal else ""))
+
+
+@pytest.mark.part("A")
+@pytest.mark.parametrize("Hq,Hkv", [(6, 4), (3, 2), (4, 3)], ids=lambda x: str(x))
+def test_non_divisible_head_counts_raise_value_error(impl, gen, Hq, Hkv):
+    q, k, v = _qkv(gen, 1, Hq, Hkv, 3, 5, 8)
+    with pytest.raises(ValueError):
+        impl.grouped_query_attention(q, k, v)
+
+
+@pytest.mark.part("A")
+def test_empty_keys_raise_value_error(impl, gen):
+    q, k, v = _qkv(gen, 1, 4, 2, 3, 0, 8)
+    with pytest.raises(ValueError):
+        impl.grouped_query_attention(q, k, v)
+
+
+@pytest.mark.part("A")
+def test_mixed_dtypes_raise_type_error(impl, gen):
+    q, k, v = _qkv(gen, 1, 4, 2, 3, 5, 8)
+    with pytest.raises(TypeError):
+        impl.grouped_query_attention(q, k.to(torch.float64), v)
+
+
+def _first_mask_error(out, ref, Lq, Lk):
+    """Describe the first query row whose output differs, in mask terms."""
+    bad = ((out.double() - ref).abs() > 1e-4).any(-1).any(0).any(0)   # (Lq,)
+    i = int(bad.nonzero()[0, 0])
+    return (f"Lq={Lq}, Lk={Lk}: query {i} is wrong; bottom-right alignment lets it see keys "
+            f"0..{i + Lk - Lq} (top-left would be 0..{i})" if i + Lk - Lq >= 0 else
+            f"Lq={Lq}, Lk={Lk}: query {i} sees no key (j <= {i + Lk - Lq}) and must output zeros")
+
+
+@pytest.mark.part("A")
+@pytest.mark.points(2)
+@pytest.mark.parametrize("Lq,Lk", [(3, 8), (1, 13), (6, 17), (9, 4), (12, 5)],
+                         ids=lambda x: str(x))
+def test_causal_mask_is_bottom_right_aligned(impl, gen, Lq, Lk):
+    q, k, v = _qkv(gen, 1, 4, 2, Lq, Lk, 8)
+    out = impl.grouped_query_attention(q, k, v, is_causal=True)
+    ref, _ = attention(q, k, v, is_causal=True)
+    try:
+        assert_close(out, ref, atol=1e-5, rtol=1e-5, what="causal output differs", case=f"Lq={Lq}, Lk={Lk}")
+    except AssertionError as e:
+        if torch.isnan(out).any():
+            raise
+        raise AssertionError(f"causal mask looks wrong (the contract is bottom-right aligned: query i sees "
+                             f"key j iff j <= i + Lk - Lq): {_first_mask_error(out, ref, Lq, Lk)}; {e}") from None
+
+
+@pytest.mark.part("A")
+@pytest.mark.parametrize("Lq,Lk", [(5, 2), (8, 1)], ids=lambda x: str(x))
+def test_fully_masked_rows_give_zeros_not_nan(impl, gen, Lq, Lk):
+    q, k, v = _qkv(gen, 2, 4, 2, Lq, Lk, 8)
+    out = impl.grouped_query_attention(q, k, v, is_causal=True)
+    n = Lq - Lk   # queries 0..n-1 see no key
+    assert not torch.isnan(out).any(), (f"NaN in the output: Lq={Lq}, Lk={Lk}, causal; queries 0..{n - 1} see no "
+                                        "key and must output exact zeros (guard the -inf row max)")
+    assert torch.equal(out[:, :, :n], torch.zeros_like(out[:, :, :n])), \
+        f"fully masked rows must be exact zeros: Lq={Lq}, Lk={Lk}, queries 0..{n - 1}; got {out[0, 0, :n, :3]}"
+    ref, _ = attention(q, k, v, is_causal=True)
+    assert_close(out, ref, atol=1e-5, rtol=1e-5, what="causal output differs", case=f"Lq={Lq}, Lk={Lk}")
+
+
+GRAD_CASES = [(1, 4, 2, 5, 5, 8, False), (2, 6, 2, 7, 11, 16, True), (1, 4, 1, 9, 6, 8, True)]
+
+
+@pytest.mark.part("A")
+@pytest.mark.points(2)
+@pytest.mark.parametrize("case", GRAD_CASES, ids=lambda c: call_id(B=c[0], Hq=c[1], Hkv=c[2], Lq=c[3], Lk=c[4],
+                                                                    D=c[5]) + ("-causal" if c[6] else ""))
+def test_kv_gradients_sum_over_their_query_heads(impl, gen, case):
+    B, Hq, Hkv, Lq, Lk, D, causal = case
+    q, k, v = (t.requires_grad_() for t in _qkv(gen, B, Hq, Hkv, Lq, Lk, D, layout="strided"))
+    dout = randn((B, Hq, Lq, D), gen)
+    _, (dq, dk, dv) = vjp(impl.grouped_query_attention, (q, k, v), dout, kwargs=dict(is_causal=causal))
+    # oracle: MHA on K/V repeated to Hq heads; a KV head's gradient is the sum over its G query heads
+    G = Hq // Hkv
+    qd = q.detach().double().requires_grad_()
+    kr = k.detach().double().repeat_interleave(G, 1).requires_grad_()
+    vr = v.detach().double().repeat_interleave(G, 1).requires_grad_()
+    ref, _ = attention(qd, kr, vr, is_causal=causal)
+    rdq, rdk, rdv = torch.autograd.grad(ref, (qd, kr, vr), dout.double())
+    rdk = rdk.view(B, Hkv, G, Lk, D).sum(2)
+    rdv = rdv.view(B, Hkv, G, Lk, D).sum(2)
+    case_id = call_id(B=B, Hq=Hq, Hkv=Hkv, Lq=Lq, Lk=Lk, D=D)
+    for name, got, want in (("dq", dq, rdq), ("dk", dk, rdk), ("dv", dv, rdv)):
+        assert got is not None, f"no gradient reaches {name[1]}: keep the computation differentiable ({case_id})"
+        assert_close(got, want, atol=1e-4, rtol=1e-4, case=case_id,
+                     what=f"{name} differs (dK/dV of a KV head must sum the contributions of its "
+                          f"{G} query heads)")
+
+
+@pytest.mark.part("A")
+def test_float64_gradcheck(impl, gen):
+    q, k, v = (t.double().requires_grad_() for t in _qkv(gen, 1, 4, 2, 3, 4, 5))
+    ok = gradcheck(impl.grouped_query_attention, (q, k, v), kwargs=dict(is_causal=True), eps=1e-6, atol=1e-5)
+    assert ok, "gradient check against finite differences failed in float64 (B=1, Hq=4, Hkv=2, Lq=3, Lk=4, D=5, causal): " \
+               "the backward does not match finite differences (a detach, an in-place op, or a float32 cast " \
+               "that ignores float64?)"
+
+
+# --- Part B: GroupedQueryAttention module ----------------------------------------------------
+
+MODULE_CASES = [(32, 4, 2, False), (48, 6, 1, True), (40, 4, 4, True), (64, 8, 2, False)]
+
+
+def _mid(c):
+    return f"d{c[0]}-H{c[1]}-Hkv{c[2]}" + ("-bias" if c[3] else "")
+
+
+def _module(impl, gen, d_model, n_heads, n_kv_heads, bias):
+    m = impl.GroupedQueryAttention(d_model, n_heads, n_kv_heads, bias=bias)
+    m.load_state_dict({n: randn(tuple(p.shape), gen, scale=0.2) for n, p in m.state_dict().items()})
+    return m
+
+
+@pytest.mark.part("B")
+@pytest.mark.points(2)
+@pytest.mark.parametrize("case", MODULE_CASES, ids=_mid)
+def test_projection_shapes_follow_head_counts(impl, case):
+    d, H, Hkv, bias = case
+    m = impl.GroupedQueryAttention(d, H, Hkv, bias=bias)
+    hd = d // H
+    want = {"q_proj": (d, H * hd), "k_proj": (d, Hkv * hd), "v_proj": (d, Hkv * hd), "o_proj": (H * hd, d)}
+    for name, (fin, fout) in want.items():
+        lin = getattr(m, name, None)
+        assert is_instance(lin, torch.nn.Linear), f"{name} must be an nn.Linear submodule ({_mid(case)})"
+        assert (lin.in_features, lin.out_features) == (fin, fout), \
+            (f"{name} has shape in={lin.in_features}, out={lin.out_features}; expected in={fin}, out={fout} "
+             f"({_mid(case)}: k_proj/v_proj have n_kv_heads*head_dim outputs)")
+        assert (lin.bias is not None) == bias, f"{name}: bias={lin.bias is not None}, expected bias={bias}"
+
+
+@pytest.mark.part("B")
+@pytest.mark.parametrize("args", [(32, 4, 3), (30, 4, 2), (32, 0, 1), (32, 4, 0)], ids=lambda a: "d{}-H{}-Hkv{}".format(*a))
+def test_invalid_module_head_counts_raise_value_error(impl, args):
+    with pytest.raises(ValueError):
+        impl.GroupedQueryAttention(*args)
+
+
+@pytest.mark.part("B")
+@pytest.mark.points(3)
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("case", MODULE_CASES, ids=_mid)
+def test_module_forward_matches_oracle_from_its_weights(impl, gen, case, causal):
+    d, H, Hkv, bias = case
+    m = _module(impl, gen, d, H, Hkv, bias)
+    B, L, hd = 2, 7, d // H
+    x = randn((B, L, d), gen)
+    out = m(x, is_causal=causal)
+
+    def lin(t, mod):
+        y = t @ mod.weight.double().T
+        return y if mod.bias is None else y + mod.bias.double()
+
+    xd = x.double()
+    q = lin(xd, m.q_proj).view(B, L, H, hd).transpose(1, 2)     # head h = columns [h*hd, (h+1)*hd)
+    k = lin(xd, m.k_proj).view(B, L, Hkv, hd).transpose(1, 2)
+    v = lin(xd, m.v_proj).view(B, L, Hkv, hd).transpose(1, 2)
+    y, _ = attention(q, k, v, is_causal=causal)
+    ref = lin(y.transpose(1, 2).reshape(B, L, H * hd), m.o_proj)
+    assert_close(out, ref, atol=1e-5, rtol=1e-4, case=_mid(case) + f"-B{B}-L{L}" + ("-causal" if causal else ""),
+                 what="module output differs from an oracle built from its own weights (head h is columns "
+                      "[h*head_dim, (h+1)*head_dim) of a projection: view(B, L, H, head_dim).transpose(1, 2))")
+
+
+@pytest.mark.part("B")
+@pytest.mark.parametrize("case", MODULE_CASES[:2], ids=_mid)
+def test_module_gradients_reach_every_projection(impl, gen, case):
+    d, H, Hkv, bias = case
+    m = _module(impl, gen, d, H, Hkv, bias)
+    x = randn((2, 6, d), gen)
+    # loss = sum(out ** 2), so d loss / d out = 2 * out
+    vjp(m, (x,), 2 * m(x, is_causal=True), kwargs=dict(is_causal=True))
+    md = _module(impl, gen, d, H, Hkv, bias).double()   # same architecture, float64 twin
+    md.load_state_dict({n: p.double() for n, p in m.state_dict().items()})
+    vjp(md, (x.double(),), 2 * md(x.double(), is_causal=True), kwargs=dict(is_causal=True))
+    grads, grads64 = param_grads(m), param_grads(md)
+    for name, g in grads.items():
+        assert g is not None, f"no gradient reaches {name} ({_mid(case)})"
+        assert_close(g, grads64[name], atol=1e-4, rtol=1e-3, what=f"gradient of {name} differs from float64",
+                     case=_mid(case))
+
+
+# --- Part C: memory and performance ----------------------------------------------------------
+
+MEM_CASES = [(2, 8, 2, 1, 777, 32, False), (1, 16, 4, 1, 1500, 64, True), (2, 8, 1, 3, 611, 32, True)]
+
+
+def _memid(c):
+    return call_id(B=c[0], Hq=c[1], Hkv=c[2], Lq=c[3], Lk=c[4], D=c[5]) + ("-causal" if c[6] else "")
+
+
+@pytest.mark.part("C")
+@pytest.mark.points(2)
+@pytest.mark.parametrize("case", MEM_CASES, ids=_memid)
+def test_no_tensor_larger_than_scores_q_or_kv(impl, gen, case):
+    B, Hq, Hkv, Lq, Lk, D, causal = case
+    q, k, v = _qkv(gen, B, Hq, Hkv, Lq, Lk, D)
+    limit = max(B * Hq * Lq * Lk, B * Hq * Lq * D, B * Hkv * Lk * D)
+    out, t = measure(impl.grouped_query_attention, q, k, v, is_causal=causal, no_grad=True)
+    ref, _ = attention(q, k, v, is_causal=causal)
+    assert_close(out, ref, atol=1e-5, rtol=1e-5, what="decode-shaped output differs", case=_memid(case))
+    assert t.max_numel <= limit, (
+        f"K/V materialised at Hq heads (or another oversized temporary): {_memid(case)}, the largest tensor "
+        f"allocated was {t.largest} ({t.max_numel} elements) but the contract allows max(scores B*Hq*Lq*Lk, "
+        f"q B*Hq*Lq*D, K/V B*Hkv*Lk*D) = {limit}; K repeated to Hq heads is {B * Hq * Lk * D}. Do not "
+        "repeat_interleave/expand K or V, and beware matmul broadcasting k.unsqueeze(2) (it copies K)")
+
+
+@pytest.mark.part("C")
+def test_does_not_call_scaled_dot_product_attention(impl, gen):
+    q, k, v = _qkv(gen, 1, 4, 2, 5, 5, 16)
+    ops = set()
+    for causal in (False, True):
+        _, t = measure(impl.grouped_query_attention, q, k, v, is_causal=causal, no_grad=True, forbid=[SDPA],
+                       reason="lab 03 must implement attention itself")
+        ops |= t.ops
+    used = sorted(op for op in ops if "scaled_dot_product" in op)
+    assert not used, f"scaled_dot_product_attention reached through {used}: lab 03 must compute attention itself"
+
+
+PERF_SHAPES = [  # (B, Hq, Hkv, Lq, Lk, D, causal): decode and prefill of a Llama-like layer
+    (8, 32, 8, 1, 4096, 128, False),
+    (4, 32, 4, 1, 8192, 128, False),
+    (2, 32, 8, 1024, 1024, 128, True),
+]
+
+
+@pytest.mark.gpu
+@pytest.mark.perf
+@pytest.mark.part("C")
+@pytest.mark.points(3)
+def test_speed_against_sdpa_enable_gqa(impl, seed, record_perf):
+    from harness.bench import geomean, time_interleaved
+    F = torch.nn.functional
+    ratios = {}
+    for (B, Hq, Hkv, Lq, Lk, D, causal) in PERF_SHAPES:
+        def make(i):
+            g = torch.Generator().manual_seed(seed + 7919 * i)
+            return tuple(randn(s, g, dtype=torch.float16, device="cuda")
+                         for s in ((B, Hq, Lq, D), (B, Hkv, Lk, D), (B, Hkv, Lk, D)))
+
+        cands = {  # square causal or Lq = 1 only: SDPA's top-left mask equals bottom-right there
+            "student": lambda q, k, v: impl.grouped_query_attention(q, k, v, is_causal=causal),
+            "sdpa": lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=causal, enable_gqa=True),
+        }
+
+        def check(name, out, args):
+            if name == "student":
+                want = F.scaled_dot_product_attention(*args, is_causal=causal, enable_gqa=True)
+                assert_close(out, want, atol=2e-2, rtol=2e-2, what="timed output is wrong",
+                             case=_memid((B, Hq, Hkv, Lq, Lk, D, causal)))
+
+        t = time_interleaved(cands, make, check, device="cuda", pool=4, warmup=3, repeats=10)
+        ratios[_memid((B, Hq, Hkv, Lq, Lk, D, causal))] = t["student"].median_s / t["sdpa"].median_s
+    ratio = geomean(ratios.values())
+    record_perf("gqa_vs_sdpa", ratio, **ratios)

@@ -1,0 +1,496 @@
+"""Hidden graders for lab 06, weight quantization (lab-contracts.md, section 06).
+
+In contract order: quantize_symmetric, quantize_asymmetric and dequantize
+(part A: code ranges and dtypes, round to nearest, the scale/2 error bound,
+zero and constant groups, scale shapes, errors, SQNR floors), pack_int4 /
+unpack_int4 (part B) and QuantizedLinear (part C: outputs and packed storage).
+The grader dequantizes with its own float64 arithmetic, so a quantizer is never
+judged by the submission's own dequantize. Works with ``--sandbox none`` and
+``--sandbox worker`` (``impl`` a proxy): objects the submission needs (an
+``nn.Linear``) are made next to it, stored bytes are read with
+``harness.sandbox.held_storages`` and ``state_dict()``.
+"""
+from __future__ import annotations
+
+import contextlib
+import math
+
+import pytest
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_flatten
+
+from harness.sandbox import held_storages, is_remote
+from harness.testing import assert_close, randn
+
+
+class NonFiniteWatch(TorchDispatchMode):
+    """Records the first ATen op whose floating output holds NaN or Inf.
+    (Casting NaN to an integer is undefined behaviour even where it gives 0, so
+    checking only the final codes would miss it.) In-process only: under
+    ``--sandbox worker`` the call runs elsewhere and only its outputs are checked."""
+
+    def __init__(self):
+        super().__init__()
+        self.first = None
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        if self.first is None:
+            for t in tree_flatten(out)[0]:
+                if isinstance(t, torch.Tensor) and t.is_floating_point() and t.numel() \
+                        and not bool(torch.isfinite(t).all()):
+                    self.first = f"aten.{func.overloadpacket.__name__} -> {tuple(t.shape)} with NaN/Inf"
+                    break
+        return out
+
+
+def _gsize(in_f, group_size):
+    return in_f if group_size is None else group_size
+
+
+def _deq64(codes, scale, zp, g):
+    """Grader's dequantize in float64: (codes - zp) * scale per group of g columns."""
+    out_f, in_f = codes.shape
+    c = codes.to(torch.float64).reshape(out_f, in_f // g, g)
+    if zp is not None:
+        c = c - zp.to(torch.float64)[..., None]
+    return (c * scale.to(torch.float64)[..., None]).reshape(out_f, in_f)
+
+
+def _per_elem(t, g):
+    return t.to(torch.float64).repeat_interleave(g, dim=1)
+
+
+def _near_tie(x, eps=1e-4):
+    return ((x - torch.floor(x)) - 0.5).abs() < eps
+
+
+def _check_bound(w, deq, scale, g, case, kind):
+    w64 = w.to(torch.float64)
+    err = (w64 - deq).abs()
+    bound = _per_elem(scale, g) / 2 + 1e-6 * w64.abs()
+    bad = err > bound
+    if bad.any():
+        i = int(bad.flatten().nonzero()[0, 0])
+        r, c = divmod(i, w.shape[1])
+        raise AssertionError(
+            f"{kind}: |w - dequantize(quantize(w))| exceeds scale/2 at {int(bad.sum())} of {w.numel()} elements "
+            f"(round to nearest, not truncation; clamp only at the range ends) ({case}); first at [{r}, {c}]: "
+            f"w={w64[r, c].item():.6g}, dequantized {deq[r, c].item():.6g}, scale/2={bound[r, c].item():.3g}")
+
+
+SHAPES = [  # (out, in, bits, group_size): small first; in off powers of two where groups allow
+    (3, 20, 8, None), (5, 48, 4, 16), (7, 96, 8, 32), (16, 384, 4, 128), (9, 130, 4, None),
+]
+
+
+def _sid(c):
+    return f"out{c[0]}-in{c[1]}-bits{c[2]}-" + ("row" if c[3] is None else f"g{c[3]}")
+
+
+# --- Part A: symmetric quantization ------------------------------------------------------------
+
+@pytest.mark.part("A")
+@pytest.mark.points(2)
+@pytest.mark.parametrize("case", SHAPES, ids=_sid)
+def test_symmetric_codes_scale_dtypes_shapes_and_range(impl, gen, case):
+    out_f, in_f, bits, gs = case
+    w = randn((out_f, in_f), gen, scale=0.05, layout="strided")
+    codes, scale = impl.quantize_symmetric(w, bits=bits, group_size=gs)
+    g, qmax = _gsize(in_f, gs), 2 ** (bits - 1) - 1
+    assert codes.dtype == torch.int8 and tuple(codes.shape) == (out_f, in_f), \
+        f"codes must be int8 (out, in) = {(out_f, in_f)}, got {codes.dtype} {tuple(codes.shape)} ({_sid(case)})"
+    assert scale.dtype == torch.float32 and tuple(scale.shape) == (out_f, in_f // g), \
+        (f"scale must be float32 (out, in // g) = {(out_f, in_f // g)} (one per row when group_size=None), "
+         f"got {scale.dtype} {tuple(scale.shape)} ({_sid(case)})")
+    lo, hi = int(codes.min()), int(codes.max())
+    assert -qmax <= lo and hi <= qmax, \
+        f"codes outside [-{qmax}, {qmax}] for bits={bits}: min {lo}, max {hi} ({_sid(case)})"
+    absmax = w.to(torch.float64).abs().reshape(out_f, in_f // g, g).amax(-1)
+    assert_close(scale, absmax / qmax, atol=0, rtol=1e-6, case=_sid(case),
+                 what=f"scale is not absmax / (2**(bits-1) - 1) = absmax / {qmax}")
+
+
+@pytest.mark.part("A")
+@pytest.mark.points(2)
+@pytest.mark.parametrize("case", SHAPES, ids=_sid)
+def test_symmetric_rounds_to_nearest_within_half_scale(impl, gen, case):
+    out_f, in_f, bits, gs = case
+    w = randn((out_f, in_f), gen, scale=3.0)
+    codes, scale = impl.quantize_symmetric(w, bits=bits, group_size=gs)
+    g = _gsize(in_f, gs)
+    t = w.to(torch.float64) / _per_elem(scale, g)
+    want = torch.round(t)
+    bad = (codes.to(torch.float64) != want) & ~_near_tie(t)
+    if bad.any():
+        i = int(bad.flatten().nonzero()[0, 0])
+        r, c = divmod(i, in_f)
+        trunc = bool((codes.to(torch.float64) == torch.trunc(t))[bad].all())
+        raise AssertionError(f"{'codes look truncated' if trunc else 'codes are not round(w / scale)'}: "
+                             f"{int(bad.sum())} of {w.numel()} differ ({_sid(case)}); at [{r}, {c}] w/scale="
+                             f"{t[r, c].item():.4f}, code {int(codes[r, c])}, round-to-nearest {int(want[r, c])}")
+    _check_bound(w, _deq64(codes, scale, None, g), scale, g, _sid(case), "symmetric")
+
+
+@pytest.mark.part("A")
+@pytest.mark.parametrize("bits,gs", [(8, None), (4, 8)], ids=["bits8-row", "bits4-g8"])
+def test_symmetric_all_positive_groups(impl, gen, bits, gs):
+    w = randn((6, 40), gen).abs() + 0.01
+    codes, scale = impl.quantize_symmetric(w, bits=bits, group_size=gs)
+    g, qmax = _gsize(40, gs), 2 ** (bits - 1) - 1
+    assert int(codes.min()) >= 0, f"all-positive weights gave a negative code {int(codes.min())} (bits={bits})"
+    assert bool((codes.reshape(6, 40 // g, g).amax(-1) == qmax).all()), \
+        f"the largest weight of each group must map to code {qmax} (absmax / scale = {qmax}), bits={bits}"
+    _check_bound(w, _deq64(codes, scale, None, g), scale, g, f"bits{bits}", "symmetric, all-positive")
+
+
+# --- Part A: asymmetric quantization -----------------------------------------------------------
+
+@pytest.mark.part("A")
+@pytest.mark.points(2)
+@pytest.mark.parametrize("case", SHAPES, ids=_sid)
+def test_asymmetric_codes_zero_point_dtypes_and_ranges(impl, gen, case):
+    out_f, in_f, bits, gs = case
+    w = randn((out_f, in_f), gen, scale=0.1, layout="transposed") + 0.03
+    codes, scale, zp = impl.quantize_asymmetric(w, bits=bits, group_size=gs)
+    g, qmax = _gsize(in_f, gs), 2 ** bits - 1
+    assert codes.dtype == torch.uint8 and tuple(codes.shape) == (out_f, in_f), \
+        f"codes must be uint8 (out, in) = {(out_f, in_f)}, got {codes.dtype} {tuple(codes.shape)} ({_sid(case)})"
+    n = in_f // g
+    assert scale.dtype == torch.float32 and tuple(scale.shape) == (out_f, n), \
+        f"scale must be float32 (out, in // g) = {(out_f, n)}, got {scale.dtype} {tuple(scale.shape)} ({_sid(case)})"
+    assert zp.dtype == torch.uint8 and tuple(zp.shape) == (out_f, n), \
+        f"zero_point must be uint8 shaped like scale {(out_f, n)}, got {zp.dtype} {tuple(zp.shape)} ({_sid(case)})"
+    assert int(codes.max()) <= qmax and int(zp.max()) <= qmax, \
+        f"codes/zero points above 2**bits - 1 = {qmax}: max code {int(codes.max())}, max zero point {int(zp.max())}"
+    wg = w.to(torch.float64).reshape(out_f, n, g)
+    lo, hi = wg.amin(-1).clamp(max=0), wg.amax(-1).clamp(min=0)
+    assert_close(scale, (hi - lo) / qmax, atol=0, rtol=1e-5, case=_sid(case),
+                 what="scale is not (max(w, 0) - min(w, 0)) / (2**bits - 1)")
+
+
+@pytest.mark.part("A")
+@pytest.mark.points(2)
+@pytest.mark.parametrize("case", SHAPES, ids=_sid)
+def test_asymmetric_round_to_nearest_within_half_scale_and_zero_exact(impl, gen, case):
+    out_f, in_f, bits, gs = case
+    w = randn((out_f, in_f), gen, scale=2.0) - 0.4
+    zero_at = torch.rand(out_f, in_f, generator=gen) < 0.1
+    w[zero_at] = 0.0
+    codes, scale, zp = impl.quantize_asymmetric(w, bits=bits, group_size=gs)
+    g = _gsize(in_f, gs)
+    deq = _deq64(codes, scale, zp, g)
+    _check_bound(w, deq, scale, g, _sid(case), "asymmetric")
+    assert bool((deq[zero_at] == 0).all()), \
+        (f"0 is not exact: weights equal to 0 dequantize to {deq[zero_at][deq[zero_at] != 0][:3].tolist()} "
+         f"({_sid(case)}); the range must include 0 and the zero point must be an integer code")
+
+
+@pytest.mark.part("A")
+@pytest.mark.parametrize("bits,gs", [(4, 8), (8, None)], ids=["bits4-g8", "bits8-row"])
+def test_asymmetric_group_with_minimum_zero_has_zero_point_zero(impl, gen, bits, gs):
+    w = randn((5, 24), gen).abs()
+    w[:, ::8] = 0.0                       # every group (and row) has minimum exactly 0
+    codes, scale, zp = impl.quantize_asymmetric(w, bits=bits, group_size=gs)
+    g = _gsize(24, gs)
+    assert bool((zp == 0).all()), f"a group whose minimum is 0 must get zero_point 0, got {zp.flatten()[:6].tolist()}"
+    deq = _deq64(codes, scale, zp, g)
+    assert bool((deq[:, ::8] == 0).all()), "zeros of a min-0 group must dequantize to exactly 0"
+    _check_bound(w, deq, scale, g, f"bits{bits}", "asymmetric, minimum 0")
+
+
+@pytest.mark.part("A")
+@pytest.mark.parametrize("bits", [4, 8])
+def test_asymmetric_all_positive_groups_keep_zero_in_range(impl, gen, bits):
+    w = randn((4, 32), gen).abs() + 1.5           # min(w) > 0: the range is [0, max(w)]
+    codes, scale, zp = impl.quantize_asymmetric(w, bits=bits, group_size=16)
+    assert bool((zp == 0).all()), (f"all-positive groups: the range [min(w, 0), max(w, 0)] starts at 0, so the "
+                                   f"zero point must be 0; got {zp.flatten()[:4].tolist()}")
+    _check_bound(w, _deq64(codes, scale, zp, 16), scale, 16, f"bits{bits}-g16", "asymmetric, all-positive")
+
+
+# --- Part A: zero and constant groups; shapes; errors; dequantize; quality ---------------------
+
+def _special_weight(gen):
+    w = randn((5, 32), gen)
+    w[0] = 0.0                         # all-zero row
+    w[1, :8] = 0.0                     # all-zero group (g = 8)
+    w[2, 8:16] = 0.75                  # constant positive group
+    w[3, 16:24] = -2.5                 # constant negative group
+    w[4] = 0.3                         # constant row
+    return w
+
+
+@pytest.mark.part("A")
+@pytest.mark.points(2)
+@pytest.mark.parametrize("kind", ["symmetric", "asymmetric"])
+@pytest.mark.parametrize("bits,gs", [(8, None), (4, 8), (8, 8)], ids=["bits8-row", "bits4-g8", "bits8-g8"])
+def test_zero_and_constant_groups_never_make_nan_or_inf(impl, gen, kind, bits, gs):
+    w = _special_weight(gen)
+    watch = NonFiniteWatch()
+    with watch if not is_remote(impl) else contextlib.nullcontext():
+        if kind == "symmetric":
+            codes, scale = impl.quantize_symmetric(w, bits=bits, group_size=gs)
+            zp = None
+        else:
+            codes, scale, zp = impl.quantize_asymmetric(w, bits=bits, group_size=gs)
+    case = f"{kind}-bits{bits}-" + ("row" if gs is None else f"g{gs}")
+    assert watch.first is None, (f"NaN/Inf produced while quantizing all-zero/constant groups ({case}): "
+                                 f"{watch.first}; guard the zero absmax/range (casting NaN to int is undefined)")
+    assert bool(torch.isfinite(scale).all()) and bool((scale >= 0).all()), \
+        f"scale must be 0 or finite positive for zero/constant groups ({case}): {scale[:2].tolist()}"
+    g = _gsize(32, gs)
+    deq = _deq64(codes, scale, zp, g)
+    zeros = w == 0
+    assert bool((deq[zeros] == 0).all()), f"zeros must dequantize to exact zeros ({case}), got {deq[0, :4].tolist()}"
+    _check_bound(w, deq, scale, g, case, f"{kind}, constant groups")
+
+
+@pytest.mark.part("A")
+@pytest.mark.parametrize("gs", [None, 5, 40], ids=["row", "g5", "g40"])
+def test_scale_shape_per_row_or_per_group(impl, gen, gs):
+    w = randn((3, 40), gen)
+    n = 1 if gs is None else 40 // gs
+    _, s = impl.quantize_symmetric(w, bits=8, group_size=gs)
+    _, s2, z2 = impl.quantize_asymmetric(w, bits=4, group_size=gs)
+    for name, t in (("symmetric scale", s), ("asymmetric scale", s2), ("zero_point", z2)):
+        assert tuple(t.shape) == (3, n), f"{name} shape {tuple(t.shape)}, expected (out, in // g) = (3, {n}) " \
+                                         f"for group_size={gs}"
+
+
+@pytest.mark.part("A")
+@pytest.mark.parametrize("gs", [7, 64, 10], ids=lambda g: f"g{g}")
+def test_group_size_not_dividing_in_raises_value_error(impl, gen, gs):
+    w = randn((4, 36), gen)
+    with pytest.raises(ValueError):
+        impl.quantize_symmetric(w, bits=8, group_size=gs)
+    with pytest.raises(ValueError):
+        impl.quantize_asymmetric(w, bits=4, group_size=gs)
+
+
+@pytest.mark.part("A")
+@pytest.mark.points(2)
+@pytest.mark.parametrize("gs", [None, 6], ids=["row", "g6"])
+def test_dequantize_matches_formula(impl, gen, gs):
+    out_f, in_f = 4, 18
+    n = 1 if gs is None else in_f // gs
+    scale = torch.rand(out_f, n, generator=gen) * 0.1 + 0.01
+    scodes = torch.randint(-127, 128, (out_f, in_f), generator=gen).to(torch.int8)
+    got = impl.dequantize(scodes, scale, None, group_size=gs)
+    g = in_f // n
+    assert got.dtype == torch.float32, f"dequantize must return float32, got {got.dtype}"
+    assert_close(got, _deq64(scodes, scale, None, g), atol=1e-6, rtol=1e-6, what="symmetric dequantize differs "
+                 "from codes * scale", case=f"int8 codes, group_size={gs}")
+    acodes = torch.randint(0, 16, (out_f, in_f), generator=gen).to(torch.uint8)
+    zp = torch.randint(3, 13, (out_f, n), generator=gen).to(torch.uint8)
+    got = impl.dequantize(acodes, scale, zp, group_size=gs)
+    assert_close(got, _deq64(acodes, scale, zp, g), atol=1e-6, rtol=1e-6, case=f"uint8 codes, group_size={gs}",
+                 what="asymmetric dequantize differs from (codes - zero_point) * scale (uint8 - uint8 wraps "
+                      "around: convert to float first)")
+
+
+SQNR_CASES = [("int8-sym-row", "symmetric", 8, None, 40.0), ("int4-asym-g128", "asymmetric", 4, 128, 19.0),
+              ("int4-sym-g128", "symmetric", 4, 128, 18.0)]
+
+
+@pytest.mark.part("A")
+@pytest.mark.parametrize("name,kind,bits,gs,floor", SQNR_CASES, ids=[c[0] for c in SQNR_CASES])
+def test_sqnr_floor_on_gaussian_4096x4096(impl, gen, name, kind, bits, gs, floor):
+    w = torch.randn(4096, 4096, generator=gen)
+    if kind == "symmetric":
+        codes, scale = impl.quantize_symmetric(w, bits=bits, group_size=gs)
+        zp = None
+    else:
+        codes, scale, zp = impl.quantize_asymmetric(w, bits=bits, group_size=gs)
+    g = _gsize(4096, gs)   # float32 arithmetic here: 16M elements, and 1e-7 relative error is plenty for dB
+    c = codes.to(torch.float32).view(4096, 4096 // g, g)
+    if zp is not None:
+        c -= zp.to(torch.float32)[..., None]
+    err = (w - (c * scale.to(torch.float32)[..., None]).view(4096, 4096)).norm()
+    sqnr = 20 * math.log10(w.norm().item() / err.item())
+    assert sqnr >= floor, (f"SQNR {sqnr:.2f} dB below the floor {floor} dB for {name} on N(0, 1) 4096x4096 "
+                           "(correct round-to-nearest gives about 41.2 / 20.0 / 18.6 dB)")
+
+
+# --- Part B: int4 packing ----------------------------------------------------------------------
+
+@pytest.mark.part("B")
+@pytest.mark.points(2)
+@pytest.mark.parametrize("shape", [(2,), (3, 6), (2, 3, 10)], ids=lambda s: "x".join(map(str, s)))
+def test_pack_puts_even_element_in_low_nibble(impl, gen, shape):
+    codes = torch.randint(0, 16, shape, generator=gen, dtype=torch.uint8)
+    codes[..., 0], codes[..., 1] = 5, 12                  # low 5, high 12: 0xC5, not 0x5C
+    packed = impl.pack_int4(codes)
+    want = codes[..., 0::2] | (codes[..., 1::2] << 4)
+    assert isinstance(packed, torch.Tensor) and packed.dtype == torch.uint8, \
+        f"pack_int4 must return uint8, got {getattr(packed, 'dtype', type(packed))}"
+    assert tuple(packed.shape) == tuple(want.shape), \
+        f"pack_int4 of shape {shape} must return {tuple(want.shape)}, got {tuple(packed.shape)}"
+    if not torch.equal(packed, want):
+        swapped = torch.equal(packed, (codes[..., 0::2] << 4) | codes[..., 1::2])
+        raise AssertionError(("nibble order swapped: " if swapped else "wrong packing: ")
+                             + f"element 2i goes to the low nibble, 2i+1 to the high nibble; codes "
+                             f"{codes.flatten()[:4].tolist()} -> want {[hex(x) for x in want.flatten()[:2].tolist()]}, "
+                             f"got {[hex(x) for x in packed.flatten()[:2].tolist()]}")
+
+
+@pytest.mark.part("B")
+@pytest.mark.parametrize("dtype", [torch.uint8, torch.int8, torch.int32, torch.int64],
+                         ids=["uint8", "int8", "int32", "int64"])
+def test_pack_accepts_every_integer_dtype(impl, gen, dtype):
+    codes = torch.randint(0, 16, (3, 14), generator=gen)
+    codes[0, :2] = torch.tensor([15, 15])                 # 0xFF: the int8 shift must not overflow
+    packed = impl.pack_int4(codes.to(dtype))
+    want = (codes[..., 0::2] | (codes[..., 1::2] << 4)).to(torch.uint8)
+    assert packed.dtype == torch.uint8 and torch.equal(packed, want), \
+        f"pack_int4 on {dtype} codes is wrong: got {packed.dtype} {packed[0, :3].tolist()}, want uint8 {want[0, :3].tolist()}"
+
+
+@pytest.mark.part("B")
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.float64], ids=["fp32", "fp16", "fp64"])
+def test_pack_rejects_floating_codes_with_type_error(impl, dtype):
+    with pytest.raises(TypeError):
+        impl.pack_int4(torch.tensor([[3.0, 9.0, 1.0, 14.0]], dtype=dtype))
+
+
+@pytest.mark.part("B")
+@pytest.mark.parametrize("n", [1, 7])
+def test_pack_odd_length_raises_value_error(impl, gen, n):
+    with pytest.raises(ValueError):
+        impl.pack_int4(torch.randint(0, 16, (2, n), generator=gen, dtype=torch.uint8))
+
+
+@pytest.mark.part("B")
+@pytest.mark.parametrize("bad,dtype", [(16, torch.uint8), (-1, torch.int8), (200, torch.int32), (-9, torch.int64)],
+                         ids=["16-uint8", "-1-int8", "200-int32", "-9-int64"])
+def test_pack_out_of_range_code_raises_value_error(impl, gen, bad, dtype):
+    codes = torch.randint(0, 16, (2, 8), generator=gen).to(dtype)
+    codes[1, 5] = bad
+    with pytest.raises(ValueError):
+        impl.pack_int4(codes)
+
+
+@pytest.mark.part("B")
+@pytest.mark.points(2)
+def test_unpack_is_exact_inverse_of_pack(impl, gen):
+    every_byte = torch.randperm(256, generator=gen).to(torch.uint8).view(4, 64)
+    codes = impl.unpack_int4(every_byte)
+    assert tuple(codes.shape) == (4, 128), f"unpack_int4 of (4, 64) must return (4, 128), got {tuple(codes.shape)}"
+    assert torch.equal(codes.to(torch.int64), torch.stack((every_byte & 15, every_byte >> 4), -1).flatten(-2).long()), \
+        "unpack_int4 is not the inverse of pack_int4: byte i must give (low nibble, high nibble) at 2i, 2i+1"
+    assert torch.equal(impl.pack_int4(codes), every_byte), "pack_int4(unpack_int4(p)) != p for all 256 byte values"
+    c = torch.randint(0, 16, (3, 5, 22), generator=gen, dtype=torch.uint8)
+    assert torch.equal(impl.unpack_int4(impl.pack_int4(c)).to(torch.uint8), c), "unpack_int4(pack_int4(c)) != c"
+
+
+# --- Part C: QuantizedLinear -------------------------------------------------------------------
+
+def _ref_weight(w, bits, gs):
+    """Grader's float64 dequantized weight of the contract's scheme for QuantizedLinear."""
+    out_f, in_f = w.shape
+    g = in_f if gs is None else gs
+    wg = w.to(torch.float64).reshape(out_f, in_f // g, g)
+    if bits == 8:
+        scale = wg.abs().amax(-1, keepdim=True) / 127
+        safe = torch.where(scale == 0, torch.ones_like(scale), scale)
+        return (torch.round(wg / safe).clamp(-127, 127) * scale).reshape(out_f, in_f), wg / safe
+    lo, hi = wg.amin(-1, keepdim=True).clamp(max=0), wg.amax(-1, keepdim=True).clamp(min=0)
+    scale = (hi - lo) / 15
+    safe = torch.where(scale == 0, torch.ones_like(scale), scale)
+    zp = torch.round(-lo / safe).clamp(0, 15)
+    codes = (torch.round(wg / safe) + zp).clamp(0, 15)
+    return ((codes - zp) * scale).reshape(out_f, in_f), wg / safe
+
+
+def _linear_weight(gen, out_f, in_f, bits, gs, kind):
+    """A weight with no element near a rounding tie (so every correct RTN agrees), of a kind:
+    normal, nonneg (groups with minimum 0: zero point 0) or with an all-zero row."""
+    w = randn((out_f, in_f), gen, scale=0.05)
+    if kind == "nonneg":
+        w = w.abs()
+        w[:, ::16] = 0.0
+    if kind == "zero-row":
+        w[1] = 0.0
+    _, t = _ref_weight(w, bits, gs)
+    t = t.reshape(out_f, in_f)
+    tie = _near_tie(t, 1e-3) & (w != 0)
+    w64 = w.to(torch.float64)
+    step = 2e-3 * torch.sign((t - torch.floor(t)) - 0.5) * (w64 / torch.where(tie, t, torch.ones_like(t)))
+    w = torch.where(tie, w64 + step, w64)             # move 0.002 * scale away from the tie
+    return w.to(torch.float32)
+
+
+QL_CASES = [(8, None, "normal", True), (8, 32, "zero-row", False), (4, None, "normal", True),
+            (4, 32, "nonneg", True), (4, 64, "zero-row", False)]
+
+
+def _qlid(c):
+    return f"bits{c[0]}-" + ("default" if c[1] is None else f"g{c[1]}") + f"-{c[2]}" + ("-bias" if c[3] else "")
+
+
+@pytest.mark.part("C")
+@pytest.mark.points(3)
+@pytest.mark.parametrize("case", QL_CASES, ids=_qlid)
+def test_from_linear_forward_equals_x_times_dequantized_weight(impl, gen, case):
+    bits, gs, kind, bias = case
+    out_f, in_f = 24, 256
+    weight = _linear_weight(gen, out_f, in_f, bits, gs, kind)
+    b = randn((out_f,), gen) if bias else None
+    q = impl.QuantizedLinear.from_linear(_linear_next_to(impl, weight, b), bits=bits, group_size=gs)
+    x = randn((2, 5, in_f), gen)
+    with torch.no_grad():
+        y = q(x)
+    w_hat, _ = _ref_weight(weight, bits, 128 if (bits == 4 and gs is None) else gs)
+    ref = x.double() @ w_hat.T + (b.double() if bias else 0)
+    assert_close(y, ref, atol=2e-5, rtol=1e-4, case=_qlid(case),
+                 what="QuantizedLinear output differs from x @ dequantize(quantize(W)).T + bias "
+                      "(bits=8: symmetric per row/group; bits=4: asymmetric, group 128 by default)")
+
+
+def _linear_next_to(impl, weight, bias):
+    """An ``nn.Linear`` holding ``weight``/``bias``, made where the implementation runs
+    (this process, or the sandbox worker: objects cannot travel there by value)."""
+    torch_there = getattr(impl, "torch", None)
+    assert torch_there is not None, "keep `import torch` in your module (the graders build nn.Linear layers with it)"
+    out_f, in_f = weight.shape
+    lin = torch_there.nn.Linear(in_f, out_f, bias=bias is not None)
+    lin.load_state_dict({"weight": weight, **({"bias": bias} if bias is not None else {})})
+    return lin
+
+
+def _stored_bytes(module):
+    """Bytes the module keeps: every distinct storage behind a tensor attribute of the
+    module itself (parameters, buffers, plain tensor attributes; whole storages, read
+    next to the implementation) plus the state_dict tensors of its submodules (a kept
+    ``nn.Linear``, say). Returns (bytes, a short listing of its state_dict)."""
+    own = held_storages(module)
+    total = sum(int(n) for n in own.values())
+    sd = module.state_dict()
+    total += sum(t.numel() * t.element_size() for k, t in sd.items() if "." in k)
+    found = [f"{k} {str(t.dtype).replace('torch.', '')} {tuple(t.shape)}" for k, t in sd.items()]
+    return total, found + [f"{len(own)} storage(s) held by the module itself"]
+
+
+@pytest.mark.part("C")
+@pytest.mark.points(2)
+@pytest.mark.parametrize("bits,gs", [(8, None), (8, 64), (4, None), (4, 32)], ids=["bits8-row", "bits8-g64",
+                                                                                "bits4-g128", "bits4-g32"])
+def test_weight_storage_is_out_in_bits_over_8_plus_scales(impl, gen, bits, gs):
+    out_f, in_f = 40, 384
+    lin = _linear_next_to(impl, randn((out_f, in_f), gen, scale=0.05), randn((out_f,), gen))
+    q = impl.QuantizedLinear.from_linear(lin, bits=bits, group_size=gs)
+    g = in_f if gs is None else gs
+    if bits == 4 and gs is None:
+        g = 128
+    n_groups = out_f * (in_f // g)
+    codes = out_f * in_f * bits // 8
+    allowed = codes + 8 * n_groups + 8 * out_f      # scales (+ zero points) <= 8 B/group; the bias <= 8 B/row
+    total, found = _stored_bytes(q)
+    assert codes <= total <= allowed, (
+        f"weight storage is {total} bytes; the contract allows out*in*bits/8 = {codes} bytes of codes plus "
+        f"scales/zero points ({n_groups} groups) and the bias, at most {allowed} bytes "
+        f"(bits={bits}, group {g}, out={out_f}, in={in_f}). "
+        + ("int4 codes must be packed two per byte with pack_int4 (unpacked uint8 codes take twice the space); "
+           if bits == 4 else "codes must be int8; ")
+        + "do not keep the float weight. Stored: " + "; ".join(found[:8]))

@@ -1,0 +1,6 @@
+"""Bug: the default scale is 1/D instead of 1/sqrt(D).
+
+Caught by: test_output_matches_float64_oracle (cases with scale=None).
+"""
+MUTATE = [("scale = 1.0 / math.sqrt(D) if scale is None else scale",
+           "scale = 1.0 / D if scale is None else scale")]

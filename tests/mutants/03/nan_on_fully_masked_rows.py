@@ -1,0 +1,5 @@
+"""Bug: no guard for a fully masked row: its max is -inf, exp(-inf - -inf) = NaN.
+
+Caught by: test_fully_masked_rows_give_zeros_not_nan.
+"""
+MUTATE = [("    m = torch.where(torch.isinf(m), torch.zeros_like(m), m)\n", "")]

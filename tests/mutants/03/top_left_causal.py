@@ -1,0 +1,6 @@
+"""Bug: causal mask aligned top-left (query i sees keys 0..i) instead of bottom-right
+(keys 0..i + Lk - Lq); identical only when Lq == Lk.
+
+Caught by: test_causal_mask_is_bottom_right_aligned.
+"""
+MUTATE = [("s = s.masked_fill(j > i + (Lk - Lq), float(\"-inf\"))", "s = s.masked_fill(j > i, float(\"-inf\"))")]

@@ -1,0 +1,6 @@
+"""Bug: symmetric scale = absmax / 2**(bits-1) (128 for int8) instead of
+absmax / (2**(bits-1) - 1); the largest weight clips to qmax.
+
+Caught by: test_symmetric_codes_scale_dtypes_shapes_and_range.
+"""
+MUTATE = [("    scale = wg.abs().amax(dim=-1) / qmax ", "    scale = wg.abs().amax(dim=-1) / 2 ** (bits - 1) ")]

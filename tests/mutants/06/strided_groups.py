@@ -1,0 +1,7 @@
+"""Bug: groups taken as every (in // g)-th column (reshape(out, g, in // g)) instead of
+g contiguous columns.
+
+Caught by: test_symmetric_codes_scale_dtypes_shapes_and_range (scale differs per group).
+"""
+MUTATE = [("    return w.float().reshape(out_f, in_f // g, g), g",
+           "    return w.float().reshape(out_f, g, in_f // g).transpose(1, 2), g")]
