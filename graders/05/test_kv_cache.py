@@ -1,0 +1,501 @@
+"""Hidden graders for lab 05, Part A: KVCache, the cached attention path, generate.
+
+Contract: lab-contracts.md section 05. The model is built from the implementation's
+own ``ModelConfig``/``Transformer`` (finished code in the stub) with weights drawn
+from the run seed; the oracle is an independent float64 recomputation of that
+decoder from its weights (``ref_logits``), so a bug shared by the cached and the
+uncached path is still caught. Order: the cache as a data structure, then the
+model with the cache, then generate, then cost.
+"""
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from harness.sandbox import call_views, fill_held_nan, held_bytes, held_storages, measure, watch_storages
+from harness.testing import assert_close, devices
+
+# Tiny decoder: head_dim 8, GQA group 3, vocab off any power of two.
+CFG = dict(vocab_size=101, d_model=48, n_layers=2, n_heads=6, n_kv_heads=2, max_seq_len=300, ffn_hidden=80)
+ATOL = RTOL = 1e-5  # float32 on CPU (contract)
+TIE = 1e-5          # greedy: a token within TIE of the oracle's best logit counts as argmax
+
+
+# --- helpers ---------------------------------------------------------------------------
+
+def make_model(impl, gen, device="cpu", **over):
+    """The impl's Transformer with weights from ``gen``: linear/embedding rows ~ N(0, 1/fan_in)
+    (logits ~ N(0, 1)), norm weights 1 + N(0, 0.1^2)."""
+    cfg = impl.ModelConfig(**{**CFG, **over})
+    model = impl.Transformer(cfg)
+    model.load_state_dict({  # parameters only: the RoPE tables are not persistent buffers
+        name: torch.randn(p.shape, generator=gen) / math.sqrt(p.shape[1]) if p.dim() == 2
+        else 1 + 0.1 * torch.randn(p.shape, generator=gen) for name, p in model.state_dict().items()})
+    return model.eval().to(device)
+
+
+def prompt(gen, B, L, V=CFG["vocab_size"], device="cpu"):
+    return torch.randint(0, V, (B, L), generator=gen).to(device)
+
+
+def ref_logits(model, ids, positions=None, allowed=None, key_mask=None):
+    """Float64 logits ``(B, T, V)`` of the decoder, recomputed from its weights.
+
+    ``positions (B, T)``: RoPE positions (default 0..T-1); ``allowed``: bool ``(T, T)`` or
+    ``(B, T, T)`` (default causal); ``key_mask (B, T)``: 0 marks padding keys. Rows with no
+    allowed key give zeros. Reads the weights by the stub's attribute names.
+    """
+    cfg = model.config
+    W = lambda m: m.weight.detach().to("cpu", torch.float64)
+    ids = ids.cpu()
+    B, T = ids.shape
+    H, Hkv, D, eps = cfg.n_heads, cfg.n_kv_heads, cfg.head_dim, cfg.norm_eps
+    if positions is None:
+        positions = torch.arange(T).expand(B, T)
+    inv_freq = cfg.rope_theta ** (-torch.arange(0, D, 2, dtype=torch.float64) / D)
+    ang = positions.cpu().to(torch.float64)[..., None] * inv_freq  # (B, T, D/2)
+    cos, sin = ang.cos()[:, None], ang.sin()[:, None]              # (B, 1, T, D/2)
+
+    def rope(t):
+        t1, t2 = t.chunk(2, dim=-1)
+        return torch.cat([t1 * cos - t2 * sin, t1 * sin + t2 * cos], dim=-1)
+
+    def rms(x, w):
+        return x / torch.sqrt(x.pow(2).mean(-1, keepdim=True) + eps) * w
+
+    if allowed is None:
+        allowed = torch.ones(T, T, dtype=torch.bool).tril()
+    allowed = allowed.expand(B, T, T)[:, None]  # (B, 1, T, T)
+    if key_mask is not None:
+        allowed = allowed & key_mask.cpu().bool()[:, None, None, :]
+    x = W(model.tok_emb)[ids]  # (B, T, d)
+    for blk in model.layers:
+        h = rms(x, W(blk.attn_norm))
+        q = (h @ W(blk.attn.wq).T).view(B, T, H, D).transpose(1, 2)
+        k = (h @ W(blk.attn.wk).T).view(B, T, Hkv, D).transpose(1, 2).repeat_interleave(H // Hkv, 1)
+        v = (h @ W(blk.attn.wv).T).view(B, T, Hkv, D).transpose(1, 2).repeat_interleave(H // Hkv, 1)
+        s = (rope(q) @ rope(k).transpose(-1, -2)) / math.sqrt(D)
+        p = torch.softmax(s.masked_fill(~allowed, float("-inf")), dim=-1).nan_to_num(0.0)
+        x = x + (p @ v).transpose(1, 2).reshape(B, T, H * D) @ W(blk.attn.wo).T
+        h = rms(x, W(blk.mlp_norm))
+        x = x + (torch.nn.functional.silu(h @ W(blk.mlp.w1).T) * (h @ W(blk.mlp.w3).T)) @ W(blk.mlp.w2).T
+    return rms(x, W(model.norm)) @ W(model.lm_head).T
+
+
+def matches(actual, expected, atol=1e-4):
+    return actual.shape == expected.shape and torch.allclose(actual.double().cpu(), expected, atol=atol, rtol=atol)
+
+
+def storages(obj):
+    """{data_ptr: nbytes} of the distinct storages behind ``obj``'s tensors (next to the implementation)."""
+    return held_storages(obj)
+
+
+def raw_bytes(obj):
+    """Copies of every byte of every storage behind ``obj``'s tensors."""
+    return held_bytes(obj)
+
+
+def fill_nan(obj):
+    fill_held_nan(obj)
+
+
+def new_cache(impl, n_layers=2, B=2, S=20, Hkv=2, D=8, dtype=torch.float32, device="cpu"):
+    return impl.KVCache(n_layers, B, S, Hkv, D, dtype=dtype, device=device)
+
+
+def step_logits(model, ids, chunks, cache, attention_mask=None):
+    """Feed ``ids`` through ``model`` with ``cache`` in chunks of the given sizes;
+    return the concatenated logits (B, sum(chunks), V)."""
+    out, at = [], 0
+    for n in chunks:
+        mask = None if attention_mask is None else attention_mask[:, :at + n]
+        out.append(model(ids[:, at:at + n], cache=cache, attention_mask=mask))
+        at += n
+    return torch.cat(out, dim=1)
+
+
+# --- KVCache: storage -------------------------------------------------------------------
+
+@pytest.mark.part("A")
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16], ids=["fp32", "fp16", "bf16"])
+@pytest.mark.parametrize("shape", [(1, 1, 7, 1, 2), (3, 2, 13, 3, 6)], ids=["L1-B1-S7-H1-D2", "L3-B2-S13-H3-D6"])
+def test_nbytes_equals_formula_and_storage_is_preallocated(impl, shape, dtype):
+    n_layers, B, S, Hkv, D = shape
+    cache = impl.KVCache(n_layers, B, S, Hkv, D, dtype=dtype, device="cpu")
+    want = 2 * n_layers * B * Hkv * S * D * torch.empty(0, dtype=dtype).element_size()
+    assert isinstance(cache.nbytes, int) and not isinstance(cache.nbytes, bool), \
+        f"nbytes must be an int, got {type(cache.nbytes).__name__}"
+    assert cache.nbytes == want, (f"nbytes is wrong: n_layers={n_layers}, B={B}, max_seq_len={S}, Hkv={Hkv}, D={D}, "
+                                  f"{dtype}: got {cache.nbytes}, the formula 2*n_layers*B*Hkv*max_seq_len*D*"
+                                  f"element_size gives {want}")
+    held = sum(storages(cache).values())
+    assert want <= held <= want + 4096, (f"storage not preallocated in __init__: the cache's tensors hold {held} bytes "
+                                         f"right after construction, expected {want} (the formula)")
+    assert cache.seq_len == 0, f"a new cache must have seq_len 0, got {cache.seq_len!r}"
+
+
+@pytest.mark.part("A")
+def test_update_returns_views_of_the_stored_prefix(impl, gen):
+    n_layers, B, S, Hkv, D = 3, 2, 17, 2, 6
+    cache = new_cache(impl, n_layers, B, S, Hkv, D)
+    appended = [[] for _ in range(n_layers)]
+    for T in (5, 1, 3):
+        for layer in range(n_layers):
+            k, v = torch.randn(B, Hkv, T, D, generator=gen), torch.randn(B, Hkv, T, D, generator=gen)
+            k_view = k.transpose(2, 3).contiguous().transpose(2, 3)  # a non-contiguous input
+            appended[layer].append((k.clone(), v.clone()))
+            (k_all, v_all), views = call_views(cache, cache.update, layer, k_view, v)
+            want_k = torch.cat([a for a, _ in appended[layer]], dim=2)
+            want_v = torch.cat([b for _, b in appended[layer]], dim=2)
+            case = f"layer {layer}, after appending T={[a.shape[2] for a, _ in appended[layer]]}"
+            assert_close(k_all, want_k, atol=0, rtol=0, what="update's k_all is not the stored prefix", case=case)
+            assert_close(v_all, want_v, atol=0, rtol=0, what="update's v_all is not the stored prefix", case=case)
+            for name, is_view in zip(("k_all", "v_all"), views):
+                assert is_view, (
+                    f"update must return views of the cache's storage, {name} is a copy ({case})")
+
+
+@pytest.mark.part("A")
+def test_seq_len_advances_only_after_last_layer(impl, gen):
+    n_layers, B, Hkv, D = 3, 1, 2, 4
+    cache = new_cache(impl, n_layers, B, 11, Hkv, D)
+    for T, before in ((4, 0), (2, 4)):
+        for layer in range(n_layers):
+            k = torch.randn(B, Hkv, T, D, generator=gen)
+            k_all, _ = cache.update(layer, k, k.clone())
+            want = before + T if layer == n_layers - 1 else before
+            assert cache.seq_len == want, (
+                f"seq_len advanced at the wrong time: after layer {layer} of {n_layers} appended T={T} to "
+                f"{before} positions, seq_len is {cache.seq_len}, expected {want} (it advances when layer "
+                f"n_layers-1 is updated)")
+            assert k_all.shape[2] == before + T, (
+                f"layer {layer} returned {k_all.shape[2]} positions, expected {before + T}")
+
+
+@pytest.mark.part("A")
+def test_fill_exactly_to_max_seq_len_is_allowed(impl, gen):
+    cache = new_cache(impl, 2, 1, 9, 1, 4)
+    for T in (6, 3):
+        for layer in range(2):
+            k = torch.randn(1, 1, T, 4, generator=gen)
+            cache.update(layer, k, k.clone())
+    assert cache.seq_len == 9, f"filling to max_seq_len=9 should give seq_len 9, got {cache.seq_len}"
+
+
+@pytest.mark.part("A")
+@pytest.mark.parametrize("layer", [0, 1], ids=["layer0", "last-layer"])
+def test_overflow_raises_and_changes_no_byte(impl, gen, layer):
+    cache = new_cache(impl, 2, 2, 10, 2, 4)
+    for T in (4, 3):
+        for i in range(2):
+            k = torch.randn(2, 2, T, 4, generator=gen)
+            cache.update(i, k, k.clone())
+    if layer == 1:  # layer 0 of the next step fits; the overflow is only seen at the last layer
+        cache.update(0, torch.randn(2, 2, 3, 4, generator=gen), torch.randn(2, 2, 3, 4, generator=gen))
+    before = raw_bytes(cache)
+    k = torch.randn(2, 2, 4, 4, generator=gen)
+    with pytest.raises(ValueError) as info:
+        cache.update(layer, k, k.clone())
+    assert "max_seq_len" in str(info.value), f"the overflow error must name max_seq_len, got: {info.value}"
+    after = raw_bytes(cache)
+    for a, b in zip(before, after):
+        if not torch.equal(a, b):
+            n = int((a != b).sum())
+            raise AssertionError(f"overflow wrote to the storage before raising: {n} byte(s) changed "
+                                 f"(7 stored + 4 new > max_seq_len=10, layer {layer}); check before writing")
+    assert cache.seq_len == 7, f"overflow changed seq_len to {cache.seq_len}, expected 7"
+
+
+@pytest.mark.part("A")
+def test_model_overflow_raises_and_changes_no_byte(impl, gen):
+    model = make_model(impl, gen)
+    cache = impl.KVCache(2, 1, 12, 2, 8)
+    ids = prompt(gen, 1, 14)
+    with torch.no_grad():
+        model(ids[:, :10], cache=cache)
+        before = raw_bytes(cache)
+        with pytest.raises(ValueError) as info:
+            model(ids[:, 10:13], cache=cache)
+    assert "max_seq_len" in str(info.value), f"the overflow error must name max_seq_len, got: {info.value}"
+    for a, b in zip(before, raw_bytes(cache)):
+        assert torch.equal(a, b), "a forward that overflows the cache changed its storage"
+    assert cache.seq_len == 10, f"a forward that overflowed changed seq_len to {cache.seq_len}, expected 10"
+
+
+BAD_SHAPES = {
+    "wrong-batch": lambda k: k[:1],
+    "wrong-heads": lambda k: k.repeat(1, 2, 1, 1),
+    "wrong-head-dim": lambda k: k[..., :3],
+    "3d": lambda k: k[0],
+    "T0": lambda k: k[:, :, :0],
+    "meta-device": lambda k: k.to("meta"),
+}
+
+
+@pytest.mark.part("A")
+@pytest.mark.parametrize("bad", list(BAD_SHAPES))
+def test_wrong_shape_or_device_raises_value_error(impl, gen, bad):
+    cache = new_cache(impl, 2, 2, 8, 2, 4)
+    k = torch.randn(2, 2, 3, 4, generator=gen)
+    before = raw_bytes(cache)
+    with pytest.raises(ValueError):
+        cache.update(0, BAD_SHAPES[bad](k), BAD_SHAPES[bad](k.clone()))
+    assert all(torch.equal(a, b) for a, b in zip(before, raw_bytes(cache))), f"a rejected update ({bad}) wrote storage"
+    with pytest.raises(ValueError):  # k and v must agree
+        cache.update(0, k, k[:, :, :2].clone())
+
+
+@pytest.mark.part("A")
+def test_wrong_dtype_raises_type_error(impl, gen):
+    cache = new_cache(impl, 1, 1, 8, 1, 4, dtype=torch.float16)
+    k = torch.randn(1, 1, 2, 4, generator=gen)
+    with pytest.raises(TypeError):
+        cache.update(0, k, k.half())
+    with pytest.raises(TypeError):
+        cache.update(0, k.half(), k)
+    cache.update(0, k.half(), k.half())  # the right dtype is accepted
+
+
+@pytest.mark.part("A")
+def test_reset_empties_the_cache(impl, gen):
+    model = make_model(impl, gen)
+    a, b = prompt(gen, 2, 9), prompt(gen, 2, 6)
+    cache = impl.KVCache(2, 2, 16, 2, 8)
+    with torch.no_grad():
+        model(a, cache=cache)
+        cache.reset()
+        assert cache.seq_len == 0, f"reset() must set seq_len to 0, got {cache.seq_len}"
+        got = step_logits(model, b, [4, 1, 1], cache)
+    assert_close(got, ref_logits(model, b), atol=ATOL, rtol=RTOL,
+                 what="after reset() the cache still acts on the old sequence", case="9 tokens, reset, 6 new")
+
+
+# --- The model with the cache ------------------------------------------------------------
+
+@pytest.mark.part("A")
+@pytest.mark.points(2)
+@pytest.mark.parametrize("device", devices())
+@pytest.mark.parametrize("B,L,N", [(1, 5, 7), (3, 11, 9)], ids=["B1-L5-N7", "B3-L11-N9"])
+def test_cached_decode_matches_uncached_every_step(impl, gen, device, B, L, N):
+    atol = ATOL if device == "cpu" else 2e-3
+    model = make_model(impl, gen, device=device)
+    ids = prompt(gen, B, L, device=device)
+    cache = impl.KVCache(2, B, L + N, 2, 8, device=device)
+    steps = []
+    with torch.no_grad():
+        logits = model(ids, cache=cache)
+        steps.append(logits)
+        for _ in range(N):
+            tok = logits[:, -1].argmax(-1, keepdim=True)
+            ids = torch.cat([ids, tok], dim=1)
+            logits = model(tok, cache=cache)
+            steps.append(logits)
+        full = model(ids)  # the uncached recomputation
+    cached = torch.cat(steps, dim=1)[:, :L + N]  # the last step's logits have no token in ids
+    ref = ref_logits(model, ids)
+    for t in range(L - 1, L + N):
+        case = f"B={B}, prompt L={L}, position {t}" + (" (prefill)" if t < L else f" (decode step {t - L + 1})")
+        assert_close(cached[:, t], full[:, t], atol=atol, rtol=atol,
+                     what="cached logits differ from the uncached recomputation", case=case)
+        assert_close(cached[:, t], ref[:, t], atol=atol, rtol=atol,
+                     what="cached logits differ from the reference decoder", case=case)
+    assert cache.seq_len == L + N, f"after prefill of {L} and {N} steps seq_len is {cache.seq_len}, expected {L + N}"
+
+
+@pytest.mark.part("A")
+@pytest.mark.parametrize("S", [1, 13], ids=["S1", "S13"])
+def test_rope_positions_continue_after_cached_length(impl, gen, S):
+    model = make_model(impl, gen)
+    ids = prompt(gen, 2, S + 3)
+    cache = impl.KVCache(2, 2, S + 3, 2, 8)
+    with torch.no_grad():
+        model(ids[:, :S], cache=cache)
+        got = torch.cat([model(ids[:, S + i:S + i + 1], cache=cache) for i in range(3)], dim=1)
+    ref = ref_logits(model, ids)[:, S:]
+    if not matches(got, ref, atol=ATOL):
+        restart = torch.cat([torch.arange(S), torch.zeros(3, dtype=torch.long)]).expand(2, S + 3)
+        if matches(got[:, :1], ref_logits(model, ids, positions=restart)[:, S:S + 1]):
+            raise AssertionError(f"RoPE positions restart at 0 for each decode step: after S={S} cached "
+                                 f"positions the new token must be rotated by position S={S} (= cache.seq_len "
+                                 f"read before the layer loop), not 0")
+    assert_close(got, ref, atol=ATOL, rtol=RTOL, what="decode steps after a cached prefix are wrong "
+                 "(RoPE positions must continue from cache.seq_len)", case=f"S={S}, 3 single-token steps")
+
+
+@pytest.mark.part("A")
+@pytest.mark.points(2)
+@pytest.mark.parametrize("chunks", [[5, 3, 1, 4], [1, 1, 6, 2, 3]], ids=["5+3+1+4", "1+1+6+2+3"])
+def test_multi_token_appends_match_reference(impl, gen, chunks):
+    B, total = 2, sum(chunks)
+    model = make_model(impl, gen)
+    ids = prompt(gen, B, total)
+    cache = impl.KVCache(2, B, total + 2, 2, 8)
+    with torch.no_grad():
+        got = step_logits(model, ids, chunks, cache)
+    ref = ref_logits(model, ids)
+    if not matches(got, ref, atol=ATOL):
+        # a top-left aligned mask lets chunk query i (absolute S+i) see keys 0..i only
+        top_left = torch.ones(total, total, dtype=torch.bool).tril()
+        at = 0
+        for n in chunks:
+            if at:
+                top_left[at:at + n] = False
+                top_left[at:at + n, :n] = torch.ones(n, n, dtype=torch.bool).tril()
+            at += n
+        if matches(got, ref_logits(model, ids, allowed=top_left)):
+            raise AssertionError(f"causal mask looks top-left aligned in a multi-token append: appending "
+                                 f"T={chunks[1]} to S={chunks[0]} cached, query 0 saw key 0 only; the contract "
+                                 f"allows keys j <= i + S (bottom-right)")
+    assert_close(got, ref, atol=ATOL, rtol=RTOL, what="logits of multi-token appends are wrong",
+                 case=f"chunks {chunks} (prefill {chunks[0]}, then appends)")
+
+
+@pytest.mark.part("A")
+@pytest.mark.points(2)
+def test_nan_prefilled_cache_gives_finite_identical_results(impl, gen):
+    B, L, N = 2, 7, 5
+    model = make_model(impl, gen)
+    ids = prompt(gen, B, L + N)
+    clean, dirty = impl.KVCache(2, B, L + N + 3, 2, 8), impl.KVCache(2, B, L + N + 3, 2, 8)
+    fill_nan(dirty)
+    with torch.no_grad():
+        want = step_logits(model, ids, [L] + [1] * N, clean)
+        got = step_logits(model, ids, [L] + [1] * N, dirty)
+    if not torch.isfinite(got).all():
+        bad = (~torch.isfinite(got)).any(-1).nonzero()[0].tolist()
+        raise AssertionError(f"slots past seq_len were read: a cache pre-filled with NaN gives non-finite logits "
+                             f"(first at batch {bad[0]}, position {bad[1]}; prefill {L}, {N} steps); "
+                             f"update must return only the stored prefix [:seq_len + T]")
+    assert torch.equal(got, want), "a cache pre-filled with NaN gives different logits than a clean one"
+
+
+@pytest.mark.part("A")
+@pytest.mark.points(2)
+@pytest.mark.parametrize("use_cache", [True, False], ids=["cache", "no-cache"])
+def test_left_padded_batch_equals_each_prompt_alone(impl, gen, use_cache):
+    lengths, N = [6, 10, 3], 5
+    model = make_model(impl, gen)
+    Lmax, B = max(lengths), len(lengths)
+    ids = prompt(gen, B, Lmax)  # padded slots hold random tokens: they must not matter
+    mask = torch.zeros(B, Lmax, dtype=torch.long)
+    for b, n in enumerate(lengths):
+        mask[b, Lmax - n:] = 1
+    out = impl.generate(model, ids, N, attention_mask=mask, use_cache=use_cache)
+    assert tuple(out.shape) == (B, Lmax + N), f"generate returned shape {tuple(out.shape)}, expected {(B, Lmax + N)}"
+    assert torch.equal(out[:, :Lmax], ids), "generate changed the prompt"
+    for b, n in enumerate(lengths):
+        alone = impl.generate(model, ids[b:b + 1, Lmax - n:], N, use_cache=use_cache)
+        if not torch.equal(out[b, Lmax:], alone[0, n:]):
+            raise AssertionError(f"left-padded row differs from its prompt alone (attention_mask ignored, or "
+                                 f"positions not shifted by the padding): row {b} of lengths {lengths}, "
+                                 f"{Lmax - n} pads; batched {out[b, Lmax:].tolist()}, alone {alone[0, n:].tolist()}")
+    if use_cache:  # every step's logits of the real tokens, against the unpadded reference
+        full_mask = torch.cat([mask, torch.ones(B, N, dtype=torch.long)], dim=1)
+        cache = impl.KVCache(2, B, Lmax + N, 2, 8)
+        with torch.no_grad():
+            got = step_logits(model, out, [Lmax] + [1] * N, cache, attention_mask=full_mask)
+        for b, n in enumerate(lengths):
+            ref = ref_logits(model, out[b:b + 1, Lmax - n:])
+            assert_close(got[b:b + 1, Lmax - n:], ref, atol=ATOL, rtol=RTOL,
+                         what="left-padded cached logits differ from the prompt alone",
+                         case=f"row {b}, {Lmax - n} pads, prompt {n}, {N} steps")
+
+
+# --- generate ----------------------------------------------------------------------------
+
+@pytest.mark.part("A")
+@pytest.mark.points(2)
+@pytest.mark.parametrize("B,L,N", [(1, 4, 6), (2, 9, 12)], ids=["B1-L4-N6", "B2-L9-N12"])
+def test_generate_is_greedy_and_cache_matches_no_cache(impl, gen, B, L, N):
+    model = make_model(impl, gen)
+    ids = prompt(gen, B, L)
+    out = impl.generate(model, ids, N)
+    assert isinstance(out, torch.Tensor) and out.dtype == torch.int64 and tuple(out.shape) == (B, L + N), (
+        f"generate must return int64 (B, L + max_new_tokens) = {(B, L + N)}, got "
+        f"{getattr(out, 'dtype', type(out).__name__)} {tuple(getattr(out, 'shape', ()))}")
+    assert torch.equal(out[:, :L], ids), "generate changed the prompt"
+    ref = ref_logits(model, out)
+    for t in range(L, L + N):
+        best = ref[:, t - 1].max(-1).values
+        chosen = ref[:, t - 1].gather(-1, out[:, t:t + 1]).squeeze(-1)
+        if (chosen < best - TIE).any():
+            b = int((chosen < best - TIE).nonzero()[0, 0])
+            raise AssertionError(f"generate is not greedy: B={B}, L={L}, step {t - L + 1}, row {b}: chose token "
+                                 f"{int(out[b, t])}, the argmax is {int(ref[b, t - 1].argmax())}")
+    plain = impl.generate(model, ids, N, use_cache=False)
+    assert torch.equal(out, plain), "generate with the cache gives other tokens than without it"
+    assert torch.equal(impl.generate(model, ids, 0), ids), "max_new_tokens=0 must return the prompt"
+
+
+@pytest.mark.part("A")
+def test_storage_never_reallocated_during_generation(impl, gen):
+    model = make_model(impl, gen)
+    ids = prompt(gen, 2, 6)
+    with watch_storages(impl, "KVCache", "update") as report:  # every KVCache, checked after each update
+        impl.generate(model, ids, 7)
+        # and driven by hand, step by step
+        cache = impl.KVCache(2, 2, 20, 2, 8)
+        with torch.no_grad():
+            step_logits(model, prompt(gen, 2, 12), [5, 1, 3, 1, 2], cache)
+    assert report["created"] >= 2, "generate(use_cache=True) never built a KVCache"
+    assert not report["violations"], (
+        f"the cache's storage was reallocated during generation ({report['violations'][0]}): preallocate once "
+        f"in __init__ and write into it, no torch.cat")
+    assert cache.seq_len == 12
+
+
+# --- Cost ----------------------------------------------------------------------------------
+
+def _flops(fn, *args, **kwargs):
+    """FlopCounterMode total of ``fn(*args, **kwargs)`` under no_grad, counted next to the implementation."""
+    _, m = measure(fn, *args, alloc=False, ops=False, flops=True, no_grad=True, **kwargs)
+    return m.flops
+
+
+def _decode_step_flops(impl, model, gen, P, B=1):
+    """FLOPs of one cached single-token decode step at position P (P tokens cached),
+    measured twice: by hand through the model, and inside ``generate`` as
+    FLOPs(generate(prompt of P, 2 new)) - FLOPs(generate(prompt of P, 1 new))."""
+    ids = prompt(gen, B, P + 1)
+    cache = impl.KVCache(CFG["n_layers"], B, P + 1, CFG["n_kv_heads"], CFG["d_model"] // CFG["n_heads"])
+    with torch.no_grad():
+        model(ids[:, :P], cache=cache)
+    by_hand = _flops(model, ids[:, P:], cache=cache)
+    in_generate = _flops(impl.generate, model, ids[:, :P], 2) - _flops(impl.generate, model, ids[:, :P], 1)
+    return by_hand, in_generate, ids
+
+
+@pytest.mark.part("A")
+def test_decode_step_flops_flat_except_attention(impl, gen):
+    model = make_model(impl, gen)
+    H, D, n_layers = CFG["n_heads"], CFG["d_model"] // CFG["n_heads"], CFG["n_layers"]
+    attn_per_pos = 4 * H * D * n_layers  # q@k^T and p@v: 2 * 2*H*D FLOPs per key per layer
+    Ps = [23, 97, 211]
+    steps = [_decode_step_flops(impl, model, gen, P)[:2] for P in Ps]
+    for which, F in (("a cached model step", [s[0] for s in steps]), ("a decode step of generate", [s[1] for s in steps])):
+        slope = (F[2] - F[0]) / (Ps[2] - Ps[0])
+        early = (F[1] - F[0]) / (Ps[1] - Ps[0])
+        figures = ", ".join(f"P={P}: {f}" for P, f in zip(Ps, F))
+        assert slope <= 1.5 * attn_per_pos, (
+            f"decode-step FLOPs grow with position faster than attention: {which} costs {slope:.0f} FLOPs more "
+            f"per cached position, attention alone needs {attn_per_pos} ({figures}); after the prefill only the "
+            f"new token may go through the model")
+        assert abs(early - slope) <= 0.05 * attn_per_pos + 1, f"{which}: FLOPs are not linear in position ({figures})"
+
+
+CACHED_FRACTION_MAX = 0.02  # reference: ~0.0039 at P=256 (1 token + 257 keys vs 257 tokens + 257^2 scores)
+
+
+@pytest.mark.part("A")
+def test_cached_step_is_a_small_fraction_of_uncached(impl, gen):
+    model = make_model(impl, gen)
+    P = 256
+    by_hand, in_generate, ids = _decode_step_flops(impl, model, gen, P)
+    uncached = _flops(model, ids)
+    for which, cached in (("a cached model step", by_hand), ("a decode step of generate", in_generate)):
+        ratio = cached / max(uncached, 1)
+        assert ratio <= CACHED_FRACTION_MAX, (
+            f"{which} at position {P} costs {cached} FLOPs, {ratio:.4f} of an uncached forward over {P + 1} "
+            f"tokens ({uncached}); expected <= {CACHED_FRACTION_MAX} (the reference: ~0.004)")

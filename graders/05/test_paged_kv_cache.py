@@ -1,0 +1,179 @@
+"""Hidden graders for lab 05, Part B (bonus): PagedKVCache.
+
+API as the stub and the handout specify it (the contract only sketches Part B):
+``PagedKVCache(num_blocks, block_size, n_layers, n_kv_heads, head_dim, dtype, device)``,
+``allocate(seq_id)``, ``free(seq_id)``, ``update(layer_idx, seq_id, k, v) -> (k_all, v_all)``
+with ``k, v: (Hkv, T, D)``, ``seq_len(seq_id)``, ``block_table(seq_id)``,
+``num_free_blocks``, ``nbytes``. The oracle is the plain concatenation of what each
+sequence appended.
+"""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from harness.sandbox import held_bytes, held_storages
+from harness.testing import assert_close
+
+N_LAYERS, HKV, D = 2, 2, 6
+
+
+def storages(obj):
+    """{data_ptr: nbytes} of the distinct storages behind ``obj``'s tensor attributes."""
+    return held_storages(obj)
+
+
+def raw_bytes(obj):
+    return held_bytes(obj)
+
+
+class Driver:
+    """Appends to a PagedKVCache through every layer and keeps the expected prefixes."""
+
+    def __init__(self, cache, gen):
+        self.cache, self.gen, self.want = cache, gen, {}
+
+    def allocate(self, sid):
+        self.cache.allocate(sid)
+        self.want[sid] = [torch.empty(2, HKV, 0, D) for _ in range(N_LAYERS)]  # (k|v, Hkv, positions, D)
+
+    def free(self, sid):
+        self.cache.free(sid)
+        del self.want[sid]
+
+    def append(self, sid, T):
+        for layer in range(N_LAYERS):
+            k = torch.randn(HKV, T, D, generator=self.gen)
+            v = torch.randn(HKV, T, D, generator=self.gen)
+            k_all, v_all = self.cache.update(layer, sid, k, v)
+            self.want[sid][layer] = torch.cat([self.want[sid][layer], torch.stack([k, v])], dim=-2)
+            case = f"seq {sid!r}, layer {layer}, {self.want[sid][layer].shape[-2]} positions"
+            assert_close(k_all, self.want[sid][layer][0], atol=0, rtol=0,
+                         what="paged update's k_all is not the sequence's stored prefix", case=case)
+            assert_close(v_all, self.want[sid][layer][1], atol=0, rtol=0,
+                         what="paged update's v_all is not the sequence's stored prefix", case=case)
+
+    def check_accounting(self, block_size, num_blocks):
+        used = []
+        for sid in self.want:
+            n, table = self.cache.seq_len(sid), self.cache.block_table(sid)
+            stored = self.want[sid][0].shape[-2]
+            assert n == stored, f"seq_len({sid!r}) is {n}, expected {stored}"
+            waste = len(table) * block_size - n
+            assert 0 <= waste < block_size, (
+                f"wasted slots >= block_size: seq {sid!r} holds {len(table)} blocks of {block_size} for {n} "
+                f"positions ({waste} wasted); take a block only when a position needs one")
+            used += table
+        assert len(used) == len(set(used)), f"two live sequences share a block: tables {used}"
+        assert all(0 <= b < num_blocks for b in used), f"block id out of range 0..{num_blocks - 1}: {used}"
+        assert self.cache.num_free_blocks == num_blocks - len(used), (
+            f"num_free_blocks is {self.cache.num_free_blocks}, expected {num_blocks} - {len(used)} in use")
+
+
+def new(impl, num_blocks, block_size, dtype=torch.float32):
+    return impl.PagedKVCache(num_blocks, block_size, N_LAYERS, HKV, D, dtype=dtype, device="cpu")
+
+
+@pytest.mark.part("B")
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+def test_paged_nbytes_and_storage_preallocated(impl, dtype):
+    cache = new(impl, 7, 5, dtype)
+    want = 2 * N_LAYERS * 7 * HKV * 5 * D * torch.empty(0, dtype=dtype).element_size()
+    assert cache.nbytes == want, (f"PagedKVCache.nbytes is {cache.nbytes}, the formula 2*n_layers*num_blocks*"
+                                  f"n_kv_heads*block_size*head_dim*element_size gives {want}")
+    held = sum(storages(cache).values())
+    assert want <= held <= want + 4096, f"block storage not preallocated: {held} bytes held, expected {want}"
+    assert cache.num_free_blocks == 7
+
+
+@pytest.mark.part("B")
+@pytest.mark.points(2)
+def test_paged_update_returns_each_sequence_prefix(impl, gen):
+    block_size, num_blocks = 5, 12
+    cache = new(impl, num_blocks, block_size)
+    ptrs = set(storages(cache))
+    drv = Driver(cache, gen)
+    for sid in ("a", 7, "c"):
+        drv.allocate(sid)
+    for sid, T in (("a", 3), (7, 6), ("a", 4), ("c", 1), (7, 1), ("a", 5), ("c", 9), (7, 3)):
+        drv.append(sid, T)  # interleaved: tables are not contiguous
+    assert set(storages(cache)) == ptrs, "the block storage was reallocated by update"
+
+
+@pytest.mark.part("B")
+@pytest.mark.points(2)
+def test_paged_wasted_slots_below_block_size(impl, gen):
+    block_size, num_blocks = 4, 20
+    cache = new(impl, num_blocks, block_size)
+    drv = Driver(cache, gen)
+    drv.allocate(0)
+    drv.check_accounting(block_size, num_blocks)
+    drv.allocate(1)
+    for sid, T in ((0, 1), (1, 4), (0, 3), (1, 1), (0, 5), (1, 7), (0, 4)):
+        drv.append(sid, T)
+        drv.check_accounting(block_size, num_blocks)
+
+
+@pytest.mark.part("B")
+def test_paged_free_returns_blocks_for_reuse(impl, gen):
+    block_size, num_blocks = 3, 6
+    cache = new(impl, num_blocks, block_size)
+    drv = Driver(cache, gen)
+    drv.allocate("x")
+    drv.allocate("y")
+    drv.append("x", 8)   # 3 blocks
+    drv.append("y", 7)   # 3 blocks: the pool is empty
+    drv.check_accounting(block_size, num_blocks)
+    freed = set(cache.block_table("x"))
+    drv.free("x")
+    assert cache.num_free_blocks == 3, f"free() returned {cache.num_free_blocks} blocks to the pool, expected 3"
+    with pytest.raises(ValueError):
+        cache.seq_len("x")
+    drv.allocate("z")
+    drv.append("z", 9)   # needs exactly the 3 freed blocks
+    assert set(cache.block_table("z")) == freed, "a new sequence did not reuse the freed blocks"
+    drv.append("y", 2)   # y's last block still has 2 free slots
+    drv.check_accounting(block_size, num_blocks)
+    drv.allocate("x")    # a freed id may be allocated again
+    drv.check_accounting(block_size, num_blocks)
+
+
+@pytest.mark.part("B")
+def test_paged_out_of_blocks_raises_and_changes_nothing(impl, gen):
+    block_size, num_blocks = 4, 5
+    cache = new(impl, num_blocks, block_size)
+    drv = Driver(cache, gen)
+    drv.allocate("a")
+    drv.allocate("b")
+    drv.append("a", 10)  # 3 blocks
+    drv.append("b", 5)   # 2 blocks: pool empty, a has 2 spare slots, b has 3
+    before, tables = raw_bytes(cache), {s: cache.block_table(s) for s in ("a", "b")}
+    k = torch.randn(HKV, 3, D, generator=gen)
+    with pytest.raises(ValueError) as info:
+        cache.update(0, "a", k, k.clone())
+    assert "num_blocks" in str(info.value), f"the out-of-blocks error must name num_blocks, got: {info.value}"
+    assert all(torch.equal(x, y) for x, y in zip(before, raw_bytes(cache))), "a refused update wrote block storage"
+    assert {s: cache.block_table(s) for s in ("a", "b")} == tables, "a refused update changed a block table"
+    assert cache.seq_len("a") == 10 and cache.num_free_blocks == 0
+    drv.append("b", 3)  # filling b's last block exactly is still allowed
+    drv.check_accounting(block_size, num_blocks)
+
+
+@pytest.mark.part("B")
+def test_paged_bad_arguments_raise(impl, gen):
+    cache = new(impl, 4, 4, torch.float16)
+    cache.allocate(1)
+    with pytest.raises(ValueError):
+        cache.allocate(1)  # already live
+    with pytest.raises(ValueError):
+        cache.free(2)      # never allocated
+    k = torch.randn(HKV, 2, D, generator=gen).half()
+    with pytest.raises(ValueError):
+        cache.update(0, 2, k, k)  # not allocated
+    with pytest.raises(ValueError):
+        cache.update(0, 1, k[:1], k[:1])  # wrong heads
+    with pytest.raises(ValueError):
+        cache.update(0, 1, k[None], k[None])  # 4-d
+    with pytest.raises(TypeError):
+        cache.update(0, 1, k.float(), k.float())
+    cache.update(0, 1, k, k)

@@ -1,0 +1,9 @@
+"""Bug: attention_mask only shifts the RoPE positions; padded keys are not masked
+out, so left-padded rows attend to the pad tokens.
+
+Killed by: test_left_padded_batch_equals_each_prompt_alone.
+"""
+MUTATE = [
+    ("            allowed = allowed & attention_mask.bool()[:, None, None, :]  # (B, 1, T, S+T): padded keys off\n",
+     "            allowed = allowed.expand(B, 1, T, S + T)\n"),
+]

@@ -1,0 +1,9 @@
+"""Bug (Part B): each append takes ceil(T / block_size) new blocks, ignoring the free
+slots left in the sequence's last block, so a sequence wastes up to a block per append
+(and every layer takes its own).
+
+Killed by: test_paged_wasted_slots_below_block_size.
+"""
+MUTATE = [
+    ("need = -(-(S + T) // self.block_size) - len(table)", "need = -(-T // self.block_size)"),
+]

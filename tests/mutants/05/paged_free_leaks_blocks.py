@@ -1,0 +1,8 @@
+"""Bug (Part B): PagedKVCache.free forgets the sequence but never returns its blocks
+to the pool, so freed memory is lost.
+
+Killed by: test_paged_free_returns_blocks_for_reuse.
+"""
+MUTATE = [
+    ("        self._free.extend(reversed(table))\n", ""),
+]

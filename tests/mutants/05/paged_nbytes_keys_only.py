@@ -1,0 +1,8 @@
+"""Bug (Part B): PagedKVCache.nbytes counts the key blocks only, not K and V.
+
+Killed by: test_paged_nbytes_and_storage_preallocated.
+"""
+MUTATE = [
+    ("self.nbytes = 2 * self.k_blocks.numel() * self.k_blocks.element_size()",
+     "self.nbytes = self.k_blocks.numel() * self.k_blocks.element_size()"),
+]

@@ -1,0 +1,10 @@
+"""Bug: RoPE positions restart at 0 for every call instead of continuing from
+cache.seq_len, so each decode step's token is rotated as if it were first.
+
+Killed by: test_rope_positions_continue_after_cached_length (names the bug),
+test_cached_decode_matches_uncached_every_step.
+"""
+MUTATE = [
+    ("positions = torch.arange(S, S + T, device=x.device).expand(B, T)",
+     "positions = torch.arange(T, device=x.device).expand(B, T)"),
+]

@@ -1,0 +1,10 @@
+"""Bug: KVCache.update advances seq_len on every layer's update instead of only
+after layer n_layers-1, so later layers write past the earlier ones' slots and read
+a wrong position offset.
+
+Killed by: test_seq_len_advances_only_after_last_layer.
+"""
+MUTATE = [
+    ("        if layer_idx == self.n_layers - 1:\n            self.seq_len = S + T\n",
+     "        self.seq_len = S + T\n"),
+]

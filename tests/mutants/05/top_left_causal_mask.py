@@ -1,0 +1,9 @@
+"""Bug: the causal mask is top-left aligned (j <= i) instead of bottom-right
+(j <= i + S): new tokens cannot see the cached prefix beyond their own index.
+
+Killed by: test_multi_token_appends_match_reference (names the bug),
+test_cached_decode_matches_uncached_every_step.
+"""
+MUTATE = [
+    ("allowed = (j <= i + S)[None, None]", "allowed = (j <= i)[None, None]"),
+]
