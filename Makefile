@@ -1,18 +1,20 @@
 # Two entry points (README): `make demo` grades real lab-04 submissions, `make test` runs the suite.
 # torch is installed first and explicitly: an unpinned `torch` pulls a multi-GB CUDA build.
+# Every install goes through docker/requirements.lock, the lock the grading images use too.
 PYTHON ?= python3
 VENV   ?= .venv
 PY     := $(VENV)/bin/python
-TORCH  ?= torch==2.13.0
+LOCK   := docker/requirements.lock
+TORCH  ?= -r docker/torch-cpu.txt
 JOBS   ?= 2
 
-.PHONY: setup demo test test-fast clean
+.PHONY: setup demo test test-fast image clean
 
-$(VENV)/.installed: pyproject.toml
+$(VENV)/.installed: pyproject.toml $(LOCK)
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q $(TORCH)
-	$(PY) -m pip install -q -e '.[triton,dev]'
+	$(PY) -m pip install -q -c $(LOCK) $(TORCH)
+	$(PY) -m pip install -q -c $(LOCK) -e '.[triton,dev,nbgrader]'
 	touch $@
 
 setup: $(VENV)/.installed
@@ -25,6 +27,9 @@ test: setup
 
 test-fast: setup   ## framework tests only, no lab grader suites
 	$(PY) -m pytest tests --ignore=tests/test_labs.py -n $(JOBS)
+
+image: setup   ## the CPU grading image (needs a Docker engine; `labs image build --gpu` for CUDA)
+	$(VENV)/bin/labs image build
 
 clean:
 	rm -rf $(VENV) .pytest_cache

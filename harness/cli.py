@@ -17,7 +17,7 @@ import click
 from rich.console import Console
 from rich.table import Table
 
-from . import grading, manifest
+from . import grading, manifest, progress
 
 
 class ExitCode(enum.IntEnum):
@@ -89,7 +89,8 @@ def list_labs(ctx, as_json):
     for col in ("Lab", "Title", "Parts (points)", "Total", "GPU", "Module"):
         table.add_column(col)
     for r in rows:
-        parts = ", ".join(f"{k} {v:g}" for k, v in r["parts"].items())
+        parts = ", ".join(f"{k} {v:g}" + (" bonus" if course.labs[r["lab"]].parts[k].bonus else "")
+                          for k, v in r["parts"].items())
         table.add_row(r["lab"], r["title"], parts, f"{r['points']:g}", r["gpu"],
                       r["module"] if r["stub"] else f"{r['module']} (missing)")
     _console().print(table)
@@ -115,8 +116,12 @@ def test(ctx, lab, pytest_args):
 @click.option("--seed", type=int, default=None, help="Replay a run seed (default: a fresh secret seed).")
 @click.option("--timeout", "timeout_s", type=float, default=None,
               help="Wall-clock limit in seconds for the whole run (default: labs.yaml).")
+@click.option("--sandbox", type=click.Choice(grading.SANDBOXES), default=None,
+              help="Where the graders run: docker (the course's grading image: no network, resource "
+                   "limits) or process (a local child process). Default: docker when a Docker engine "
+                   "answers and holds this course's image, else process, with a note saying why.")
 @click.pass_context
-def grade(ctx, path, lab_number, json_path, seed, timeout_s):
+def grade(ctx, path, lab_number, json_path, seed, timeout_s, sandbox):
     """Grade the code at PATH with the hidden graders.
 
     PATH is a checkout root holding labs/NN/ or a directory holding NN/<module>.py
@@ -127,17 +132,59 @@ def grade(ctx, path, lab_number, json_path, seed, timeout_s):
     lab = _lab(course, lab_number)
     if not path.is_dir():
         raise LabsError(f"submission {path} is not a directory", hint="pass a checkout or a folder holding NN/<module>.py")
+    why = ""  # why the default sandbox is a local process: a note after grading (errors come first)
+    if sandbox is None:
+        from . import container
+        sandbox, why = container.choose_sandbox(course)
     try:
-        result = grading.grade(path, lab, course, seed=seed, timeout_s=timeout_s)
+        result = grading.grade(path, lab, course, seed=seed, timeout_s=timeout_s, sandbox=sandbox)
     except grading.GradingError as e:
         if ctx.obj["traceback"]:
             raise
         raise LabsError(str(e), ExitCode.GRADING_FAILED, hint="check graders/ and labs.yaml") from None
-    for note in result.notes:
+    for note in ([why] if why else []) + result.notes:
         click.echo(f"labs: note: {note}", err=True)
     _print_result(result, lab)
+    problem = progress.record_grade(result, lab, course)  # local history for `labs progress`
+    if problem:
+        click.echo(f"labs: warning: progress not recorded ({problem})", err=True)
     if json_path:
         grading.write_json_atomic(json_path, result.to_gradescope())
+
+
+@main.group()
+def image():
+    """Build the grading images (docker/: one locked environment, CPU and CUDA)."""
+
+
+@image.command("build")
+@click.option("--gpu", is_flag=True, help="Build the CUDA image (labs.yaml images.gpu) instead of the CPU one.")
+@click.option("--base-image", default=None, metavar="IMG",
+              help="Base image (default python:3.11-slim, or an NVIDIA CUDA base with --gpu). When the "
+                   "default is neither present nor pullable, a Debian base is made with debootstrap.")
+@click.option("--tag", default=None, help="Image name (default: labs.yaml images.cpu / images.gpu).")
+@click.pass_context
+def image_build(ctx, gpu, base_image, tag):
+    """Build the grading image that `labs grade --sandbox docker` runs.
+
+    It holds the locked environment, the harness, the lab stubs and the hidden
+    graders (readable by root only), never the solutions or a submission."""
+    from . import container
+    course = _course(ctx)
+    try:
+        built = container.build_image(course, gpu=gpu, base_image=base_image, tag=tag,
+                                      log=lambda m: click.echo(f"labs: {m}", err=True))
+    except container.ContainerError as e:
+        if ctx.obj["traceback"]:
+            raise
+        first, *rest = str(e).splitlines()
+        for line in rest:
+            click.echo(line, err=True)
+        raise LabsError(first, ExitCode.GRADING_FAILED,
+                        hint="start the Docker engine; see docker/ and `labs image build --help`") from None
+    for note in built.notes:
+        click.echo(f"labs: note: {note}", err=True)
+    click.echo(f"built {built.tag} on {built.base}: {built.size_bytes / 1e9:.2f} GB, {built.build_s:.0f} s")
 
 
 def _print_result(result: grading.GradeResult, lab) -> None:
@@ -154,3 +201,13 @@ def _print_result(result: grading.GradeResult, lab) -> None:
     console.print(f"score {result.score:g} / {result.max_score:g} "
                   f"(runnable here: {result.max_score_runnable:g}); seed {result.seed}; "
                   f"{result.duration_s:.1f} s")
+
+
+for _command in progress.COMMANDS:  # labs progress, labs reset
+    main.add_command(_command)
+
+from . import classroom, gradescope, nbgrader_export, release  # noqa: E402  (instructor workflow)
+main.add_command(classroom.grade_all_command)   # labs grade-all
+main.add_command(nbgrader_export.nbgrader_group)  # labs nbgrader export
+main.add_command(gradescope.gradescope_group)   # labs gradescope build
+main.add_command(release.release_command)       # labs release

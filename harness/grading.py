@@ -52,6 +52,7 @@ class TestResult:
     duration_s: float = 0.0
     tags: list[str] = field(default_factory=list)
     perf: list[dict] = field(default_factory=list)
+    bonus: bool = False  # counts in score, not in max_score
 
     @property
     def runnable(self) -> bool:
@@ -74,11 +75,12 @@ class GradeResult:
 
     @property
     def max_score(self) -> float:
-        return round(sum(t.max_score for t in self.tests), 4)
+        """Points of every non-bonus test (bonus tests add to ``score`` only)."""
+        return round(sum(t.max_score for t in self.tests if not t.bonus), 4)
 
     @property
     def max_score_runnable(self) -> float:
-        return round(sum(t.max_score for t in self.tests if t.runnable), 4)
+        return round(sum(t.max_score for t in self.tests if t.runnable and not t.bonus), 4)
 
     def to_gradescope(self, visibility: str = "visible") -> dict:
         """Gradescope's autograder ``results.json`` schema."""
@@ -93,6 +95,7 @@ class GradeResult:
                 "tests": tests, "leaderboard": leaderboard,
                 "extra_data": {"lab": self.lab, "max_score": self.max_score,
                                "max_score_runnable": self.max_score_runnable, "seed": self.seed,
+                               "bonus_score": round(sum(t.score for t in self.tests if t.bonus), 4),
                                "ignored_files": self.ignored}}
 
     def to_json(self) -> dict:
@@ -128,20 +131,31 @@ def stage(submission: Path, lab: Lab, workdir: Path) -> tuple[Path, list[str], l
 
 # --- step 2: run -----------------------------------------------------------
 
+SANDBOXES = ("docker", "process")
+
+
 def run(course: Course, lab: Lab, impl_root: Path, results: Path, seed: int,
-        timeout_s: float | None = None) -> tuple[dict, str]:
-    """Run the lab's graders on ``impl_root`` in a child process group.
+        timeout_s: float | None = None, sandbox: str = "process") -> tuple[dict, str]:
+    """Run the lab's graders on ``impl_root``: in a child process group
+    (``sandbox="process"``), or the same command inside the course's grading
+    image (``"docker"``, ``harness.container.run``: no network, resource
+    limits, the submission mounted read-only, results returned as JSON).
 
     Returns ``(raw results, note)``; note is empty unless the run ended early.
     Raises GradingError when the graders are missing or fail to collect."""
+    if sandbox == "docker":
+        from . import container
+        return container.run(course, lab, impl_root, results, seed, timeout_s)
+    if sandbox != "process":
+        raise ValueError(f"sandbox must be one of {', '.join(SANDBOXES)}, got {sandbox!r}")
     graders = course.root / "graders" / lab.number
     if not graders.is_dir():
         raise GradingError(f"no hidden graders for lab {lab.number} ({graders})")
     timeout_s = timeout_s or lab.limits.timeout_s
-    cmd = [sys.executable, "-m", "pytest", str(graders), "--impl", str(impl_root), "--seed", str(seed),
+    cmd = [sys.executable, "-m", "pytest", str(graders), "--impl", str(impl_root), "--sandbox", "worker",
            "--labs-results", str(results), "--rootdir", str(course.root), "-q", "-p", "no:cacheprovider",
            "-o", "addopts=--import-mode=importlib", f"--timeout={lab.limits.test_timeout_s}"]
-    env = {**os.environ, "PYTHONDONTWRITEBYTECODE": "1", "LABS_COURSE": str(course.root)}
+    env = {**os.environ, "PYTHONDONTWRITEBYTECODE": "1", "LABS_COURSE": str(course.root), "LABS_SEED": str(seed)}
     proc = subprocess.Popen(cmd, cwd=course.root, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                             text=True, start_new_session=True)
     note = ""
@@ -179,7 +193,8 @@ def score(raw: dict, lab: Lab, note: str = "") -> list[TestResult]:
     out = []
     for t in tests:
         max_score = lab.parts[t["part"]].points * t["weight"] / weight[t["part"]]
-        outcome, message, tags = t["outcome"], t["message"], [f"part {t['part']}"]
+        bonus = lab.parts[t["part"]].bonus
+        outcome, message, tags = t["outcome"], t["message"], [f"part {t['part']}"] + (["bonus"] if bonus else [])
         frac = 1.0 if outcome == "passed" else 0.0
         if outcome == "pending":
             outcome, message = "not run", f"not run: {note or 'the grader run ended before this test'}"
@@ -196,16 +211,18 @@ def score(raw: dict, lab: Lab, note: str = "") -> list[TestResult]:
                            f"<= {threshold.full_credit}x, none at >= {threshold.zero_credit}x")
         out.append(TestResult(name=t["name"], nodeid=t["nodeid"], part=t["part"], max_score=max_score,
                               score=max_score * frac, outcome=outcome, output=message,
-                              duration_s=t["duration"], tags=tags, perf=t["perf"]))
+                              duration_s=t["duration"], tags=tags, perf=t["perf"], bonus=bonus))
     return out
 
 
 # --- the pipeline ----------------------------------------------------------
 
 def grade(submission: Path | str, lab: Lab, course: Course, *, seed: int | None = None,
-          timeout_s: float | None = None) -> GradeResult:
+          timeout_s: float | None = None, sandbox: str = "process") -> GradeResult:
     """Grade the code at ``submission`` (a checkout root with ``labs/NN/`` or a
-    directory with ``NN/<module>.py``) for ``lab``.
+    directory with ``NN/<module>.py``) for ``lab``; ``sandbox`` is where the
+    graders run: ``"process"`` (a local child process) or ``"docker"`` (the
+    course's grading image; see ``run``).
 
     ``seed`` defaults to a fresh secret per run (kept in the result so staff can
     replay a disputed grade). Raises GradingError when grading cannot run,
@@ -218,7 +235,7 @@ def grade(submission: Path | str, lab: Lab, course: Course, *, seed: int | None 
     with tempfile.TemporaryDirectory(prefix="labs-grade-") as tmp:
         work = Path(tmp)
         impl_root, notes, ignored = stage(submission, lab, work)
-        raw, note = run(course, lab, impl_root, work / "results.json", seed, timeout_s)
+        raw, note = run(course, lab, impl_root, work / "results.json", seed, timeout_s, sandbox)
     if note:
         notes.append(note)
     tests = score(raw, lab, note)

@@ -40,6 +40,7 @@ class Limits(_Strict):
 class Part(_Strict):
     title: str
     points: float = Field(gt=0)
+    bonus: bool = Field(False, description="bonus points: earned on top of the lab's maximum score")
 
 
 class PerfThreshold(_Strict):
@@ -87,7 +88,12 @@ class Lab(_Strict):
 
     @property
     def points(self) -> float:
-        return sum(p.points for p in self.parts.values())
+        """Maximum score: the points of every part but the bonus ones."""
+        return sum(p.points for p in self.parts.values() if not p.bonus)
+
+    @property
+    def bonus_points(self) -> float:
+        return sum(p.points for p in self.parts.values() if p.bonus)
 
     @property
     def filename(self) -> str:

@@ -15,6 +15,10 @@ Fixtures
                 figure; graded when ``labs.yaml`` has a threshold for ``name``
                 and the test carries the ``perf`` marker.
 Markers: ``gpu``, ``perf``, ``part(name)``, ``points(weight)``.
+
+``--sandbox none`` (default) imports the implementation here, for readable local
+runs; ``--sandbox worker`` (``labs grade``) makes ``impl`` a proxy to a separate,
+unprivileged worker process (``harness.sandbox``, ``harness.worker``).
 """
 from __future__ import annotations
 
@@ -41,8 +45,16 @@ class _LabsState:
         self.impl_spec = config.getoption("impl") or config.getini("labs_impl") or "student"
         self.invocation_dir = Path(config.invocation_params.dir)
         seed = config.getoption("labs_seed")
+        if seed is None and os.environ.get("LABS_SEED", "").isdigit():
+            seed = os.environ["LABS_SEED"]  # `labs grade` passes it here: a command line is world-readable
+        os.environ.pop("LABS_SEED", None)
+        if seed is None and hasattr(config, "workerinput"):
+            seed = config.workerinput.get("labs_seed")  # the controller's seed (xdist)
         self.seed = int(seed) if seed is not None else secrets.randbits(32)
+        self.sandbox_mode = config.getoption("labs_sandbox") or "none"
+        self.results_path = config.getoption("labs_results")
         self._modules = {}
+        self._sandboxes = {}
 
     def lab_of(self, path: Path):
         for part in reversed(Path(path).parts):
@@ -76,6 +88,55 @@ class _LabsState:
             raise got
         return got
 
+    def remote_module(self, lab):
+        """``--sandbox worker``: a proxy to the module imported in a worker process
+        (harness.sandbox); the submission never runs in this process."""
+        from . import sandbox as _sandbox
+        if lab.number not in self._sandboxes:
+            try:
+                path = self.module_file(lab)
+            except _impl.ImplError as e:
+                self._sandboxes[lab.number] = e
+            else:
+                self._sandboxes[lab.number] = _sandbox.Sandbox(self._worker_config(lab, path), path)
+        sb = self._sandboxes[lab.number]
+        if isinstance(sb, Exception):
+            raise sb
+        try:
+            w = sb.ensure()
+        except _sandbox.SandboxError as e:
+            raise _impl.ImplError(str(e)) from None
+        if w.problems:
+            raise _impl.ImplError(f"{sb.module_path.name} does not match the lab {lab.number} contract: "
+                                  + "; ".join(w.problems))
+        sb.begin_test()
+        return _sandbox.RemoteModule(sb, sb.module_path, "labimpl_" + lab.module)
+
+    def _worker_config(self, lab, path: Path):
+        from . import sandbox as _sandbox
+        root = self.course.root
+        stub = root / "labs" / lab.number / lab.filename
+        harness_dir = Path(__file__).resolve().parent
+        hide = [root / "graders", root / "solutions", root / "tests"]
+        for extra in (Path(self.results_path).resolve().parent if self.results_path else None, path.parent.parent):
+            if extra is not None and extra != Path("/") and extra not in harness_dir.parents and extra != root:
+                hide.append(extra)
+        env_timeout = os.environ.get("LABS_SANDBOX_CALL_TIMEOUT", "")
+        timeout = float(env_timeout) if env_timeout.replace(".", "", 1).isdigit() else \
+            max(5.0, lab.limits.test_timeout_s - 5)
+        return _sandbox.WorkerConfig(
+            module_source=path.read_text(errors="replace"), module_filename=lab.filename,
+            stub_source=stub.read_text() if stub.is_file() and stub.resolve() != path.resolve() else None,
+            api=list(lab.api), hide=[str(p) for p in hide if p.is_dir()], memory_mb=lab.limits.memory_mb,
+            cpu_s=int(lab.limits.timeout_s * max(1.0, lab.limits.cpus)), nproc=lab.limits.pids,
+            call_timeout_s=timeout)
+
+    def close(self):
+        for sb in self._sandboxes.values():
+            if not isinstance(sb, Exception):
+                sb.close()
+        self._sandboxes.clear()
+
 
 def pytest_addoption(parser):
     group = parser.getgroup("labs", "AI-infrastructure labs")
@@ -87,6 +148,9 @@ def pytest_addoption(parser):
                     help="run seed for generated inputs (default: random, printed in the header)")
     group.addoption("--labs-results", default=None, metavar="FILE",
                     help="write per-test results as JSON to FILE (used by `labs grade`)")
+    group.addoption("--sandbox", dest="labs_sandbox", default=None, choices=("none", "worker"),
+                    help="none (default): import the implementation into this process; worker: run it in a "
+                         "separate unprivileged process and send it copies of the inputs (`labs grade` uses it)")
 
 
 def pytest_configure(config):
@@ -101,9 +165,49 @@ def pytest_configure(config):
     course = _manifest.load(root)
     config.stash[_state_key] = _LabsState(config, course)
     _triton_interpreter_without_cuda(course)
+    if config.pluginmanager.hasplugin("xdist") and not hasattr(config, "workerinput"):
+        config.pluginmanager.register(_XdistSeed(config.stash[_state_key].seed), "labs-xdist-seed")
     out = config.getoption("labs_results")
     if out and not hasattr(config, "workerinput"):
         config.pluginmanager.register(ResultsWriter(Path(out)), "labs-results")
+    _register_progress(config, course)
+
+
+def _register_progress(config, course):
+    """Record visible-test runs in the local progress store (harness/progress.py):
+    the recorder on the controller only; xdist workers just tag reports with parts."""
+    from . import progress
+    st = config.stash[_state_key]
+    if not progress.should_record(config, st.impl_spec):
+        return
+    if hasattr(config, "workerinput"):
+        config.pluginmanager.register(progress.PartAnnotator(), "labs-progress-parts")
+        return
+    recorder = progress.ProgressRecorder(config, course, st.impl_spec, st.seed)
+    config.stash[progress.recorder_key] = recorder
+    config.pluginmanager.register(recorder, "labs-progress")
+
+
+def pytest_unconfigure(config):
+    if _state_key not in config.stash:
+        return
+    config.stash[_state_key].close()  # stop sandbox workers
+    from . import progress
+    recorder = config.stash.get(progress.recorder_key, None)
+    if recorder is not None:
+        del config.stash[progress.recorder_key]
+        config.pluginmanager.unregister(recorder)
+
+
+class _XdistSeed:
+    """Hand the controller's run seed to every xdist worker (pytest-randomly's way),
+    so one printed seed replays the whole run."""
+
+    def __init__(self, seed: int):
+        self.seed = seed
+
+    def pytest_configure_node(self, node):
+        node.workerinput["labs_seed"] = self.seed
 
 
 def _course_root(config):
@@ -180,6 +284,8 @@ def impl(request):
     """The implementation module under test (see ``--impl``)."""
     st, lab = _lab_for(request)
     try:
+        if st.sandbox_mode == "worker":
+            return st.remote_module(lab)
         return st.module(lab)
     except _impl.ImplError as e:
         pytest.fail(str(e), pytrace=False)

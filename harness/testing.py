@@ -119,6 +119,8 @@ def forbid_calls(targets: Iterable[str], modules: Iterable = (), reason: str = "
 
         patches.append((home, attr, original, forbidden))
         for m in modules:
+            if not hasattr(m, "__dict__"):  # a sandbox proxy: its globals live in the worker (use measure(forbid=))
+                continue
             for name, value in list(vars(m).items()):
                 if value is original:
                     patches.append((m, name, original, forbidden))

@@ -84,3 +84,19 @@ def test_plugin_is_inert_outside_a_course(tmp_path):
     rc, out = run_pytest(tmp_path, "test_x.py")
     assert rc == 0
     assert not any(line.startswith("labs:") for line in out.lines)
+
+
+def test_xdist_workers_share_the_printed_seed(toy_course):
+    (toy_course / "labs/07/test_seed.py").write_text(
+        "import pytest\n@pytest.mark.parametrize('i', range(4))\ndef test_a(seed, i):\n"
+        "    assert False, f'SEEDVAL {seed}'\n")
+
+    def seeds(*args):
+        _, out = run_pytest(toy_course, "labs/07/test_seed.py", "-n", "2", "-rf", *args)
+        header = next(line for line in out.lines if line.startswith("labs: seed"))
+        return int(header.split()[2]), sorted(line.split("SEEDVAL ")[1] for line in out.lines
+                                              if line.startswith("FAILED") and "SEEDVAL" in line)
+
+    run_seed, per_test = seeds()
+    assert len(per_test) == 4 and len(set(per_test)) == 4
+    assert seeds("--seed", str(run_seed)) == (run_seed, per_test)  # the printed seed replays every worker

@@ -1,0 +1,599 @@
+"""Grade a whole class: ``labs grade-all SUBMISSIONS/ --lab NN``.
+
+One entry of ``SUBMISSIONS/`` per student, named for the student:
+
+* a folder: a checkout (``labs/NN/<module>.py``), a folder holding
+  ``NN/<module>.py``, or a plain folder of lab files (``<module>.py``);
+* an archive of either (``.zip``, ``.tar.gz``/``.tgz``, ``.tar``, ``.tar.bz2``,
+  ``.tar.xz``), unpacked safely into a temporary folder: no absolute paths, no
+  ``..``, no links or devices, at most ``MAX_MEMBERS`` entries and
+  ``--max-unpacked-mb`` bytes in all (counted while reading, so a lying header
+  cannot blow the disk up).
+
+Each submission is graded by ``harness.grading.grade`` (one grading subprocess
+or container per submission) in a bounded thread pool (``--jobs``). As each one
+finishes, the trusted parent writes ``OUT/<student>/results.json`` (Gradescope's
+schema plus ``extra_data.status``; atomically), rewrites ``OUT/grades.csv``
+(one row per student, one column per grader test; atomically) and, with
+``--gradebook URL``, records the part scores in an nbgrader gradebook. A run
+that is killed resumes: a student whose ``results.json`` is there for the same
+lab and the same submission bytes (``extra_data.fingerprint``) is skipped
+(``--force`` regrades everyone).
+
+Every student gets a row; ``status`` says what happened:
+``ok``, ``import error: ...``, ``timeout: ...``, ``crashed: ...`` (the grader
+run ended early), ``no module: ...``, ``unpack error: ...``, ``grading error:
+...`` (the graders themselves failed; retried on the next run). The command
+exits 0 when grading ran, 1 when grading itself failed for some submission.
+"""
+from __future__ import annotations
+
+import csv
+import hashlib
+import io
+import json
+import os
+import shutil
+import stat
+import sys
+import tarfile
+import tempfile
+import threading
+import time
+import zipfile
+from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
+from dataclasses import dataclass, field
+from pathlib import Path, PurePosixPath
+
+import click
+
+from . import grading, impl as _impl
+from .manifest import Course, Lab
+
+ARCHIVES = (".tar.gz", ".tgz", ".tar.bz2", ".tar.xz", ".tar", ".zip")
+MAX_MEMBERS = 10_000
+DEFAULT_MAX_UNPACKED_MB = 200
+CSV_NAME = "grades.csv"
+RESULTS_NAME = "results.json"
+FIXED_COLUMNS = ["student", "lab", "score", "max", "max_runnable", "status"]
+SKIP_NAMES = {"__MACOSX", ".git", "__pycache__", ".ipynb_checkpoints"}
+
+
+class GradebookError(Exception):
+    """The nbgrader gradebook given with ``--gradebook`` cannot be opened."""
+
+
+class UnpackError(Exception):
+    """An archive is corrupt, unsafe or too large; the message says which and why."""
+
+
+# --- finding the submissions ------------------------------------------------
+
+@dataclass
+class Submission:
+    student: str
+    path: Path  # the folder or the archive
+
+    @property
+    def is_archive(self) -> bool:
+        return self.path.is_file()
+
+
+def archive_stem(name: str) -> str | None:
+    """``alice.tar.gz`` -> ``alice``; ``None`` for a name that is no archive."""
+    low = name.lower()
+    for ext in ARCHIVES:
+        if low.endswith(ext) and len(name) > len(ext):
+            return name[: -len(ext)]
+    return None
+
+
+def discover(root: Path) -> tuple[list[Submission], list[str]]:
+    """The submissions in ``root`` (sorted by student) and notes on what was left out."""
+    subs, notes, seen = [], [], {}
+    for p in sorted(root.iterdir()):
+        if p.name.startswith(".") or p.name in SKIP_NAMES:
+            continue
+        if p.is_dir():
+            student = p.name
+        elif p.is_file() and archive_stem(p.name):
+            student = archive_stem(p.name)
+        else:
+            notes.append(f"skipped {p.name}: neither a folder nor an archive ({', '.join(ARCHIVES)})")
+            continue
+        if student in seen:
+            notes.append(f"skipped {p.name}: student {student!r} already submitted {seen[student]}")
+            continue
+        seen[student] = p.name
+        subs.append(Submission(student, p))
+    return subs, notes
+
+
+# --- unpacking safely --------------------------------------------------------
+
+def _safe_member(name: str) -> PurePosixPath:
+    p = PurePosixPath(name.replace("\\", "/"))
+    if p.is_absolute() or name.startswith(("/", "\\")) or (p.parts and ":" in p.parts[0]):
+        raise UnpackError(f"absolute path {name!r} in the archive")
+    if ".." in p.parts:
+        raise UnpackError(f"path traversal {name!r} in the archive")
+    return p
+
+
+def _copy_capped(src, dest: Path, budget: list[int], limit: int) -> None:
+    with open(dest, "wb") as out:
+        while chunk := src.read(1 << 16):
+            budget[0] += len(chunk)
+            if budget[0] > limit:
+                raise UnpackError(f"unpacks to more than {limit // 2**20} MiB")
+            out.write(chunk)
+
+
+def unpack(archive: Path, dest: Path, max_bytes: int = DEFAULT_MAX_UNPACKED_MB << 20) -> Path:
+    """Unpack ``archive`` (zip or tar, any compression) into ``dest``; regular
+    files and folders only. Raises UnpackError naming the problem."""
+    dest.mkdir(parents=True, exist_ok=True)
+    budget = [0]
+    try:
+        if archive.name.lower().endswith(".zip"):
+            with zipfile.ZipFile(archive) as zf:
+                infos = zf.infolist()
+                if len(infos) > MAX_MEMBERS:
+                    raise UnpackError(f"{len(infos)} entries (at most {MAX_MEMBERS})")
+                for info in infos:
+                    rel = _safe_member(info.filename)
+                    mode = info.external_attr >> 16
+                    if stat.S_ISLNK(mode):
+                        raise UnpackError(f"link {info.filename!r} in the archive")
+                    target = dest.joinpath(*rel.parts) if rel.parts else dest
+                    if info.is_dir():
+                        target.mkdir(parents=True, exist_ok=True)
+                        continue
+                    target.parent.mkdir(parents=True, exist_ok=True)
+                    with zf.open(info) as src:
+                        _copy_capped(src, target, budget, max_bytes)
+        else:
+            with tarfile.open(archive, "r:*") as tf:
+                count = 0
+                for m in tf:
+                    count += 1
+                    if count > MAX_MEMBERS:
+                        raise UnpackError(f"more than {MAX_MEMBERS} entries")
+                    rel = _safe_member(m.name)
+                    if not (m.isfile() or m.isdir()):
+                        raise UnpackError(f"{'link' if m.issym() or m.islnk() else 'special file'} "
+                                          f"{m.name!r} in the archive")
+                    target = dest.joinpath(*rel.parts) if rel.parts else dest
+                    if m.isdir():
+                        target.mkdir(parents=True, exist_ok=True)
+                        continue
+                    target.parent.mkdir(parents=True, exist_ok=True)
+                    src = tf.extractfile(m)
+                    _copy_capped(src, target, budget, max_bytes)
+    except UnpackError:
+        raise
+    except (zipfile.BadZipFile, tarfile.TarError, EOFError, OSError, ValueError, RuntimeError) as e:
+        raise UnpackError(f"not a readable archive ({type(e).__name__}: {e})") from None
+    return dest
+
+
+# --- locating the lab module -------------------------------------------------
+
+def find_module(root: Path, lab: Lab) -> Path | None:
+    """The submission's ``<module>.py``: ``labs/NN/``, ``NN/`` or the top level
+    first, else the shallowest one anywhere below (archives often wrap a folder)."""
+    for c in (root / "labs" / lab.number / lab.filename, root / lab.number / lab.filename, root / lab.filename):
+        if c.is_file():
+            return c
+    found = [p for p in root.rglob(lab.filename)
+             if p.is_file() and not any(part in SKIP_NAMES or part.startswith(".")
+                                        for part in p.relative_to(root).parts)]
+    if not found:
+        return None
+    return min(found, key=lambda p: (len(p.relative_to(root).parts), str(p)))
+
+
+def grading_root(module: Path, lab: Lab, work: Path) -> Path:
+    """A folder that ``grading.grade`` accepts and that holds ``module``: its own
+    checkout or ``NN/`` root when it has one, else a copy under ``work/NN/``."""
+    for root in (module.parent.parent, module.parent.parent.parent):
+        try:
+            if _impl.module_path(root, lab).resolve() == module.resolve():
+                return root
+        except _impl.ImplError:
+            pass
+    dest = work / "staged" / lab.number
+    dest.mkdir(parents=True, exist_ok=True)
+    shutil.copyfile(module, dest / lab.filename)
+    return dest.parent
+
+
+def fingerprint(sub: Submission, lab: Lab) -> str:
+    """sha256 of the archive's bytes, or of the folder's lab module (``missing``
+    when there is none): a changed submission is graded again on resume."""
+    h = hashlib.sha256()
+    if sub.is_archive:
+        path = sub.path
+    else:
+        path = find_module(sub.path, lab)
+        if path is None:
+            return "missing"
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+# --- grading one submission ---------------------------------------------------
+
+@dataclass
+class Row:
+    student: str
+    # one line, at most STATUS_MAX characters (see one_line)
+    status: str
+    results: dict  # Gradescope results.json, with extra_data.status
+    duration_s: float = 0.0
+    skipped: bool = False
+
+    @property
+    def ok(self) -> bool:
+        return self.status == "ok"
+
+    @property
+    def retry(self) -> bool:
+        """Not final: graded again on the next run."""
+        return self.status.startswith("grading error")
+
+
+STATUS_MAX = 300
+
+
+def one_line(text: str) -> str:
+    """A status as one CSV-friendly line of at most ``STATUS_MAX`` characters."""
+    text = " ".join(text.split())
+    return text if len(text) <= STATUS_MAX else text[: STATUS_MAX - 3] + "..."
+
+
+def status_of(result: grading.GradeResult) -> str:
+    """``ok``, or the reason a submission did not grade normally, from its result."""
+    for note in result.notes:
+        if "exceeded its" in note:
+            return f"timeout: {note}"
+    for note in result.notes:
+        if "ended early" in note:
+            return f"crashed: {note}"
+    outs = {(t.output or "").splitlines()[0] if t.output else "" for t in result.tests
+            if t.outcome in ("failed", "error")}
+    if result.tests and len(outs) == 1 and all(t.outcome in ("failed", "error", "skipped") for t in result.tests):
+        (msg,) = outs
+        if "importing " in msg and " failed" in msg:
+            return f"import error: {msg}"
+        if "does not match the lab" in msg:
+            return f"api mismatch: {msg}"
+    return "ok"
+
+
+def _empty_results(lab: Lab, student: str, status: str, fp: str, source: Path) -> dict:
+    return {"score": 0.0, "execution_time": 0.0, "output": status, "visibility": "visible",
+            "stdout_visibility": "hidden", "tests": [], "leaderboard": [],
+            "extra_data": {"lab": lab.number, "max_score": lab.points, "max_score_runnable": None,
+                           "seed": None, "ignored_files": [], "student": student, "status": status,
+                           "fingerprint": fp, "submission": str(source)}}
+
+
+def grade_one(sub: Submission, lab: Lab, course: Course, *, timeout_s: float | None = None,
+              sandbox: str | None = None, max_bytes: int = DEFAULT_MAX_UNPACKED_MB << 20,
+              seed: int | None = None) -> Row:
+    """Unpack (if needed), locate and grade one submission; never raises for a
+    submission's fault: the reason goes into the row's status."""
+    try:
+        row = _grade_one(sub, lab, course, timeout_s=timeout_s, sandbox=sandbox, max_bytes=max_bytes, seed=seed)
+    except Exception as e:  # a harness failure: this row is retried on the next run
+        status = f"grading error: {type(e).__name__}: {e}"
+        row = Row(sub.student, status, _empty_results(lab, sub.student, status, "", sub.path))
+    row.status = one_line(row.status)
+    row.results["extra_data"]["status"] = row.status
+    return row
+
+
+def _grade_one(sub: Submission, lab: Lab, course: Course, *, timeout_s, sandbox, max_bytes, seed) -> Row:
+    t0 = time.monotonic()
+    fp = fingerprint(sub, lab)
+    with tempfile.TemporaryDirectory(prefix=f"labs-class-{lab.number}-") as tmp:
+        work = Path(tmp)
+        root = sub.path
+        if sub.is_archive:
+            try:
+                root = unpack(sub.path, work / "unpacked", max_bytes)
+            except UnpackError as e:
+                status = f"unpack error: {sub.path.name}: {e}"
+                return Row(sub.student, status, _empty_results(lab, sub.student, status, fp, sub.path),
+                           time.monotonic() - t0)
+        module = find_module(root, lab)
+        if module is None:
+            status = f"no module: no {lab.filename} in {sub.path.name} (looked for labs/{lab.number}/, " \
+                     f"{lab.number}/ and the top level, then anywhere)"
+            return Row(sub.student, status, _empty_results(lab, sub.student, status, fp, sub.path),
+                       time.monotonic() - t0)
+        kwargs = {"seed": seed, "timeout_s": timeout_s}
+        if sandbox is not None:
+            kwargs["sandbox"] = sandbox
+        try:
+            result = grading.grade(grading_root(module, lab, work), lab, course, **kwargs)
+        except grading.GradingError as e:
+            status = f"grading error: {str(e).splitlines()[0] if str(e) else type(e).__name__}"
+            return Row(sub.student, status, _empty_results(lab, sub.student, status, fp, sub.path),
+                       time.monotonic() - t0)
+        # messages name the student's submission, not our temporary copy
+        for t in result.tests:
+            t.output = t.output.replace(str(work), f"<{sub.path.name}>")
+        result.submission = str(sub.path)
+    status = status_of(result)
+    res = result.to_gradescope()
+    res["extra_data"].update(student=sub.student, status=status, fingerprint=fp, submission=str(sub.path))
+    if status != "ok":
+        res["output"] = "\n".join(x for x in (status, res["output"]) if x)
+    return Row(sub.student, status, res, time.monotonic() - t0)
+
+
+# --- results on disk ------------------------------------------------------------
+
+def load_row(out: Path, student: str) -> Row | None:
+    path = out / student / RESULTS_NAME
+    try:
+        res = json.loads(path.read_text())
+        return Row(student, res["extra_data"]["status"], res, res.get("execution_time", 0.0), skipped=True)
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+def test_column(test: dict) -> str:
+    return test["name"]
+
+
+def write_csv(path: Path, rows: list[Row], lab: Lab) -> None:
+    """``grades.csv``: the fixed columns, then one column per grader test (points
+    earned), in grader order; rewritten atomically."""
+    columns: list[str] = []
+    seen = set()
+    for row in sorted(rows, key=lambda r: -len(r.results.get("tests", []))):
+        for t in row.results.get("tests", []):
+            c = test_column(t)
+            if c not in seen:
+                seen.add(c)
+                columns.append(c)
+    buf = io.StringIO()
+    w = csv.writer(buf, lineterminator="\n")
+    w.writerow(FIXED_COLUMNS + columns)
+    for row in sorted(rows, key=lambda r: r.student):
+        res = row.results
+        ed = res.get("extra_data", {})
+        per_test = {test_column(t): t["score"] for t in res.get("tests", [])}
+        mr = ed.get("max_score_runnable")
+        w.writerow([row.student, lab.number, f"{res.get('score', 0):g}", f"{ed.get('max_score', lab.points):g}",
+                    "" if mr is None else f"{mr:g}", row.status]
+                   + [("" if c not in per_test else f"{per_test[c]:g}") for c in columns])
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}-")
+    with os.fdopen(fd, "w", newline="") as f:
+        f.write(buf.getvalue())
+    os.replace(tmp, path)
+
+
+# --- the class run --------------------------------------------------------------
+
+@dataclass
+class ClassRun:
+    """What ``grade_all`` did: every row (graded now or skipped), in student order."""
+    rows: list[Row] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+    gradebook_error: str = ""  # why recording in the gradebook stopped, if it did
+
+    @property
+    def graded(self) -> list[Row]:
+        return [r for r in self.rows if not r.skipped]
+
+    @property
+    def grading_errors(self) -> list[Row]:
+        return [r for r in self.rows if r.retry]
+
+
+def grade_all(submissions: Path, lab: Lab, course: Course, out: Path, *, jobs: int = 2,
+              timeout_s: float | None = None, sandbox: str | None = None, force: bool = False,
+              gradebook: str | None = None, max_bytes: int = DEFAULT_MAX_UNPACKED_MB << 20,
+              on_start=None, on_row=None, stop: threading.Event | None = None) -> ClassRun:
+    """Grade every submission in ``submissions`` into ``out`` (see the module
+    docstring). ``on_start(total, skipped)`` and ``on_row(row)`` report progress;
+    setting ``stop`` lets running gradings finish and starts no new one."""
+    subs, notes = discover(submissions)
+    run = ClassRun(notes=notes)
+    out.mkdir(parents=True, exist_ok=True)
+    done: dict[str, Row] = {}
+    todo: list[Submission] = []
+    for sub in subs:
+        prev = None if force else load_row(out, sub.student)
+        if (prev is not None and not prev.retry and prev.results["extra_data"].get("lab") == lab.number
+                and prev.results["extra_data"].get("fingerprint") == fingerprint(sub, lab)):
+            done[sub.student] = prev
+        else:
+            todo.append(sub)
+    book = None
+
+    def push(row: Row):  # a gradebook that fails stops the pushes, never the grading
+        nonlocal book
+        try:
+            book.record(row.student, row.results)
+        except Exception as e:
+            run.gradebook_error = f"gradebook {gradebook}: {type(e).__name__}: {e}"
+            book = None
+
+    if gradebook:
+        from . import nbgrader_export
+        try:
+            book = nbgrader_export.GradebookWriter(gradebook, lab)
+        except Exception as e:
+            raise GradebookError(f"cannot open the gradebook {gradebook}: {type(e).__name__}: {e}") from None
+        for row in done.values():
+            if book is not None and row.results.get("tests"):
+                push(row)
+    if on_start:
+        on_start(len(subs), len(done))
+    # rows of students no longer in SUBMISSIONS/ stay out of this run's CSV
+    csv_path = out / CSV_NAME
+    write_csv(csv_path, list(done.values()), lab)
+
+    def finish(row: Row):
+        grading.write_json_atomic(out / row.student / RESULTS_NAME, row.results)
+        done[row.student] = row
+        write_csv(csv_path, list(done.values()), lab)
+        if book is not None and row.results.get("tests"):
+            push(row)
+        if on_row:
+            on_row(row)
+
+    try:
+        with ThreadPoolExecutor(max_workers=max(1, jobs), thread_name_prefix="labs-grade") as pool:
+            pending = set()
+            queue = list(todo)
+            while queue or pending:
+                while queue and len(pending) < max(1, jobs) and not (stop and stop.is_set()):
+                    sub = queue.pop(0)
+                    pending.add(pool.submit(grade_one, sub, lab, course, timeout_s=timeout_s,
+                                            sandbox=sandbox, max_bytes=max_bytes))
+                if not pending:
+                    break
+                finished, pending = wait(pending, return_when=FIRST_COMPLETED)
+                for fut in finished:
+                    finish(fut.result())
+    finally:
+        if book is not None:
+            book.close()
+    run.rows = [done[s.student] for s in subs if s.student in done]
+    return run
+
+
+# --- the command ------------------------------------------------------------------
+
+def _default_jobs() -> int:
+    return max(1, (os.cpu_count() or 2) // 2)
+
+
+@click.command("grade-all")
+@click.argument("submissions", type=click.Path(path_type=Path))
+@click.option("--lab", "lab_number", required=True, help="Lab number, e.g. 04.")
+@click.option("--jobs", "-j", type=int, default=None,
+              help="Submissions graded at once (default: half the CPU cores).")
+@click.option("--out", "out_dir", type=click.Path(file_okay=False, path_type=Path), default=None,
+              help="Where results go: OUT/<student>/results.json and OUT/grades.csv (default: grades-labNN).")
+@click.option("--gradebook", default=None, metavar="URL",
+              help="Also record part scores in an nbgrader gradebook (sqlite:///gradebook.db, postgresql://...).")
+@click.option("--timeout", "timeout_s", type=float, default=None,
+              help="Wall-clock limit per submission, seconds (default: labs.yaml).")
+@click.option("--sandbox", type=click.Choice(grading.SANDBOXES), default=None,
+              help="Where the graders run: docker or process (default: as for `labs grade`).")
+@click.option("--force", is_flag=True, help="Regrade every submission, even those already graded in OUT.")
+@click.option("--max-unpacked-mb", type=int, default=DEFAULT_MAX_UNPACKED_MB, show_default=True,
+              help="Refuse archives that unpack to more than this.")
+@click.pass_context
+def grade_all_command(ctx, submissions, lab_number, jobs, out_dir, gradebook, timeout_s, sandbox, force,
+                      max_unpacked_mb):
+    """Grade every student's submission in SUBMISSIONS/ with the hidden graders.
+
+    One entry per student: a folder (a checkout, NN/<module>.py, or the lab files)
+    or a .zip/.tar.gz of one. Results are written as each submission finishes, so
+    a killed run picks up where it stopped. Exit status 0 whenever grading ran.
+    """
+    from rich.console import Console
+    from rich.table import Table
+
+    from .cli import ExitCode, LabsError, _course, _lab
+    course = _course(ctx)
+    lab = _lab(course, lab_number)
+    if not submissions.is_dir():
+        raise LabsError(f"submissions folder {submissions} is not a directory",
+                        hint="pass a folder holding one folder or archive per student")
+    out = out_dir or Path(f"grades-lab{lab.number}")
+    jobs = jobs or _default_jobs()
+    if sandbox is None:
+        from . import container
+        sandbox, why = container.choose_sandbox(course)
+        if why:
+            click.echo(f"labs: note: {why}", err=True)
+    if gradebook:
+        try:
+            from . import nbgrader_export
+            nbgrader_export.require_nbgrader()
+        except ImportError as e:
+            raise LabsError(str(e), hint="pip install 'ai-infra-labs[nbgrader]'") from None
+
+    console = Console(highlight=False, soft_wrap=True)
+    err = Console(stderr=True, highlight=False, soft_wrap=True)
+    tty = console.is_terminal
+    state = {"total": 0, "skipped": 0, "done": 0, "failed": 0}
+    progress = task = None
+    if tty:
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+        progress = Progress(TextColumn("[bold]lab {task.fields[lab]}[/]"), BarColumn(), MofNCompleteColumn(),
+                            TextColumn("done {task.fields[ok]}  failed {task.fields[failed]}"),
+                            TimeElapsedColumn(), console=console, transient=False)
+
+    def on_start(total, skipped):
+        state.update(total=total, skipped=skipped)
+        if skipped:
+            err.print(f"labs: note: skipping {skipped} submission(s) already graded in {out} (--force regrades)")
+        if progress is not None:
+            nonlocal task
+            progress.start()
+            task = progress.add_task("grading", total=total - skipped, lab=lab.number, ok=0, failed=0)
+        else:
+            console.print(f"grading {total - skipped} of {total} submission(s) of lab {lab.number}, "
+                          f"{jobs} at a time")
+
+    def on_row(row: Row):
+        state["done"] += 1
+        if not row.ok:
+            state["failed"] += 1
+        if progress is not None:
+            progress.update(task, advance=1, ok=state["done"] - state["failed"], failed=state["failed"])
+        else:
+            ed = row.results["extra_data"]
+            console.print(f"[{state['done']}/{state['total'] - state['skipped']}] {row.student}: "
+                          f"{row.results['score']:g}/{ed['max_score']:g} {row.status} ({row.duration_s:.1f} s)")
+
+    stop = threading.Event()
+    try:
+        run = grade_all(submissions, lab, course, out, jobs=jobs, timeout_s=timeout_s, sandbox=sandbox,
+                        force=force, gradebook=gradebook, max_bytes=max_unpacked_mb << 20,
+                        on_start=on_start, on_row=on_row, stop=stop)
+    except GradebookError as e:
+        raise LabsError(str(e), hint="pass an SQLAlchemy URL: sqlite:///gradebook.db or postgresql://...") from None
+    finally:
+        if progress is not None:
+            progress.stop()
+    for note in run.notes:
+        err.print(f"labs: note: {note}")
+
+    table = Table(title=f"Lab {lab.number} — {lab.title}: {len(run.rows)} submission(s)")
+    for col, kw in (("Student", {}), ("Score", {"justify": "right"}), ("Max", {"justify": "right"}),
+                    ("Status", {}), ("Time", {"justify": "right"})):
+        table.add_column(col, **kw)
+    for r in run.rows:
+        ed = r.results["extra_data"]
+        style = "green" if r.ok else "red"
+        table.add_row(r.student, f"{r.results['score']:g}", f"{ed.get('max_score', lab.points):g}",
+                      f"[{style}]{r.status[:90]}[/]", "skipped" if r.skipped else f"{r.duration_s:.1f} s")
+    console.print(table)
+    scores = [r.results["score"] for r in run.rows]
+    mean = sum(scores) / len(scores) if scores else 0.0
+    console.print(f"{len(run.graded)} graded now, {len(run.rows) - len(run.graded)} skipped (already graded), "
+                  f"{sum(not r.ok for r in run.rows)} not ok; mean {mean:.2f} / {lab.points:g}; "
+                  f"results in {out}/ ({CSV_NAME}, <student>/{RESULTS_NAME})")
+    if run.gradebook_error:
+        raise LabsError(f"grades.csv and results.json are complete, but recording in the gradebook stopped: "
+                        f"{run.gradebook_error}", ExitCode.GRADING_FAILED,
+                        hint="fix the gradebook and rerun with the same --out and --gradebook: "
+                             "graded submissions are skipped and recorded again")
+    if run.grading_errors:
+        first = run.grading_errors[0].status
+        raise LabsError(f"grading failed for {len(run.grading_errors)} submission(s): {first}",
+                        ExitCode.GRADING_FAILED, hint="check graders/ and labs.yaml; rerun to retry those")

@@ -1,0 +1,244 @@
+"""Gradescope: ``labs gradescope build --lab NN`` writes the autograder zip.
+
+The zip (Gradescope unpacks it into ``/autograder/source``) holds::
+
+    setup.sh          installs the course's locked environment (torch 2.13.0 CPU,
+                      docker/requirements.lock as constraints), then the harness
+    run_autograder    copies the lab module out of /autograder/submission into a
+                      staging folder, runs `labs grade STAGED --lab NN --json ...`,
+                      then `labs gradescope finalize` writes results.json
+    labs.yaml, pyproject.toml, harness/, graders/NN/, labs/NN/<stub>, docker/*.txt|lock
+
+never ``solutions/`` or other labs' graders. ``finalize`` turns ``labs grade``'s
+Gradescope JSON into the one Gradescope reads: every hidden grader test gets
+the visibility given at build time (``after_published`` by default), a visible
+"Submission check" line says which file was graded, perf figures stay in
+``leaderboard``, and when grading itself failed results.json still appears,
+with the reason (Gradescope shows nothing useful for a missing file).
+
+``AUTOGRADER_ROOT`` (default ``/autograder``) and ``LABS_PYTHON`` (default
+``/autograder/venv/bin/python``, else ``python3``) let staff run
+``run_autograder`` locally against a folder laid out like ``/autograder``.
+"""
+from __future__ import annotations
+
+import json
+import os
+import stat
+import zipfile
+from pathlib import Path
+
+import click
+
+from . import grading
+from .manifest import Course, Lab
+
+HARNESS_DIR = Path(__file__).resolve().parent
+VISIBILITIES = ("hidden", "after_due_date", "after_published", "visible")
+TORCH_CPU_INDEX = "https://download.pytorch.org/whl/cpu"
+
+SETUP_SH = """\
+#!/usr/bin/env bash
+# Gradescope setup for lab {number} ({title}), written by `labs gradescope build`.
+# One locked environment: torch {torch} (CPU build), then the harness with every
+# other package pinned by docker/requirements.lock.
+set -euxo pipefail
+cd /autograder/source
+if ! python3 -m venv --help >/dev/null 2>&1; then
+  apt-get update && apt-get install -y --no-install-recommends python3 python3-venv python3-pip
+fi
+python3 -m venv /autograder/venv
+PIP="/autograder/venv/bin/python -m pip"
+$PIP install --upgrade pip
+LOCK=""
+[ -f docker/requirements.lock ] && LOCK="-c docker/requirements.lock"
+$PIP install $LOCK --index-url {torch_index} --extra-index-url https://pypi.org/simple "torch=={torch}"
+$PIP install $LOCK "/autograder/source{extras}"
+/autograder/venv/bin/python -m harness --course /autograder/source list
+"""
+
+RUN_AUTOGRADER = """\
+#!/usr/bin/env bash
+# Gradescope autograder for lab {number} ({title}), written by `labs gradescope build`.
+# Grades the submission's {module} with the hidden graders; writes results/results.json.
+# A local dry run: AUTOGRADER_ROOT=DIR (holding source/ and submission/) LABS_PYTHON=python3 ./run_autograder
+set -uo pipefail
+ROOT="${{AUTOGRADER_ROOT:-/autograder}}"
+SRC="$ROOT/source"
+SUB="$ROOT/submission"
+RESULTS="$ROOT/results"
+LAB={number}
+MODULE={module}
+if [ -z "${{LABS_PYTHON:-}}" ]; then
+  if [ -x "$ROOT/venv/bin/python" ]; then LABS_PYTHON="$ROOT/venv/bin/python"; else LABS_PYTHON=python3; fi
+fi
+export PYTHONPATH="$SRC${{PYTHONPATH:+:$PYTHONPATH}}" LABS_PROGRESS=off
+mkdir -p "$RESULTS"
+STAGE="$(mktemp -d)"
+trap 'rm -rf "$STAGE"' EXIT
+
+# 1. the lab module into place: labs/NN/, NN/ or the top level of the upload, else the shallowest anywhere
+FOUND=""
+for c in "$SUB/labs/$LAB/$MODULE" "$SUB/$LAB/$MODULE" "$SUB/$MODULE"; do
+  if [ -f "$c" ]; then FOUND="$c"; break; fi
+done
+if [ -z "$FOUND" ] && [ -d "$SUB" ]; then
+  FOUND="$(find "$SUB" -type f -name "$MODULE" -not -path '*/__MACOSX/*' -printf '%d %p\\n' 2>/dev/null \\
+           | sort -n | head -n 1 | cut -d' ' -f2-)"
+fi
+mkdir -p "$STAGE/$LAB"
+[ -n "$FOUND" ] && cp "$FOUND" "$STAGE/$LAB/$MODULE"
+
+# 2. grade with the hidden graders (the Gradescope container is the sandbox)
+"$LABS_PYTHON" -m harness --course "$SRC" grade "$STAGE" --lab "$LAB" --sandbox process \\
+    --json "$RESULTS/labs-grade.json" >"$RESULTS/labs-grade.log" 2>&1
+STATUS=$?
+
+# 3. Gradescope's results.json: visibility, leaderboard, and the reason when grading failed
+exec "$LABS_PYTHON" -m harness --course "$SRC" gradescope finalize "$RESULTS/labs-grade.json" \\
+    "$RESULTS/results.json" --status "$STATUS" --log "$RESULTS/labs-grade.log" \\
+    --module "${{FOUND#$SUB/}}" --lab "$LAB" --visibility {visibility}
+"""
+
+
+def _payload(course: Course, lab: Lab) -> dict[str, Path]:
+    """Archive name -> file on disk: the course files the autograder needs."""
+    root = course.root
+    # the harness running this command (the course may keep its framework elsewhere)
+    framework = HARNESS_DIR.parent
+    files: dict[str, Path] = {"labs.yaml": root / "labs.yaml"}
+    skip = lambda p: "__pycache__" in p.parts or p.suffix == ".pyc" or p.name.startswith(".")
+    for base, top in ((HARNESS_DIR, HARNESS_DIR.parent), (root / "graders" / lab.number, root)):
+        for p in sorted(base.rglob("*")):
+            if p.is_file() and not skip(p.relative_to(top)):
+                files[p.relative_to(top).as_posix()] = p
+    stub = root / "labs" / lab.number / lab.filename
+    if stub.is_file():  # the contract: names and signatures a submission must keep
+        files[f"labs/{lab.number}/{lab.filename}"] = stub
+    for base in (root, framework):  # the package definition and the lock: the course's, else the framework's
+        if (base / "pyproject.toml").is_file() and "pyproject.toml" not in files:
+            files["pyproject.toml"] = base / "pyproject.toml"
+        if (base / "docker").is_dir() and not any(n.startswith("docker/") for n in files):
+            for p in sorted((base / "docker").glob("*")):
+                if p.is_file() and (p.suffix in (".txt", ".lock")):
+                    files[f"docker/{p.name}"] = p
+    return files
+
+
+def _torch_pin(course: Course) -> str:
+    for pin in (course.root / "docker" / "torch-cpu.txt", HARNESS_DIR.parent / "docker" / "torch-cpu.txt"):
+        if not pin.is_file():
+            continue
+        for line in pin.read_text().splitlines():
+            line = line.strip()
+            if line.startswith("torch=="):
+                return line.split("==", 1)[1]
+    return "2.13.0"
+
+
+def build_zip(course: Course, lab: Lab, out: Path, visibility: str = "after_published") -> list[str]:
+    """Write the autograder zip for ``lab`` to ``out``; returns the archive's names."""
+    if not (course.root / "graders" / lab.number).is_dir():
+        raise FileNotFoundError(f"no hidden graders for lab {lab.number} ({course.root / 'graders' / lab.number})")
+    if visibility not in VISIBILITIES:
+        raise ValueError(f"visibility must be one of {', '.join(VISIBILITIES)}, got {visibility!r}")
+    fmt = dict(number=lab.number, title=lab.title, module=lab.filename, visibility=visibility,
+               torch=_torch_pin(course), torch_index=TORCH_CPU_INDEX,
+               extras="[triton]" if "triton" in lab.requires else "")
+    scripts = {"setup.sh": SETUP_SH.format(**fmt), "run_autograder": RUN_AUTOGRADER.format(**fmt)}
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.with_name(f".{out.name}.tmp")
+    names = []
+    with zipfile.ZipFile(tmp, "w", zipfile.ZIP_DEFLATED) as zf:
+        for name, text in scripts.items():
+            info = zipfile.ZipInfo(name, date_time=(2024, 1, 1, 0, 0, 0))
+            info.external_attr = (stat.S_IFREG | 0o755) << 16
+            info.compress_type = zipfile.ZIP_DEFLATED
+            zf.writestr(info, text)
+            names.append(name)
+        for name, path in _payload(course, lab).items():
+            zf.write(path, name)
+            names.append(name)
+    os.replace(tmp, out)
+    return names
+
+
+def finalize(raw_path: Path, out_path: Path, *, status: int, log: str, module: str, lab: Lab,
+             visibility: str) -> dict:
+    """Gradescope's results.json from ``labs grade --json`` output (see the module docstring)."""
+    raw = None
+    if status == 0 and raw_path.is_file():
+        try:
+            raw = json.loads(raw_path.read_text())
+        except ValueError:
+            raw = None
+    if raw is None:
+        reason = next((l for l in log.splitlines() if l.startswith("labs: error:")), "") or log.strip()[-2000:]
+        res = {"score": 0.0, "output": f"The autograder could not grade this submission: {reason}\n"
+                                       "Course staff have been notified by this message; please ask them.",
+               "visibility": "visible", "stdout_visibility": "hidden", "tests": [],
+               "extra_data": {"lab": lab.number, "grading_failed": True}}
+        grading.write_json_atomic(out_path, res)
+        return res
+    res = dict(raw)
+    for t in res["tests"]:
+        t["visibility"] = visibility
+    if module:
+        check = (f"Graded {module} as labs/{lab.number}/{lab.filename}; "
+                 f"{len(res['tests'])} hidden tests, results shown {visibility.replace('_', ' ')}.")
+        passed = "passed"
+    else:
+        check = (f"No {lab.filename} in your upload: submit labs/{lab.number}/{lab.filename} "
+                 f"(or the file alone). Every test scores 0.")
+        passed = "failed"
+    res["tests"] = [{"name": "Submission check", "score": 0.0, "max_score": 0.0, "status": passed,
+                     "output": check, "visibility": "visible", "tags": []}] + res["tests"]
+    res["visibility"] = "visible"
+    res.setdefault("leaderboard", [])
+    grading.write_json_atomic(out_path, res)
+    return res
+
+
+@click.group("gradescope")
+def gradescope_group():
+    """Gradescope: build the autograder zip for a lab."""
+
+
+@gradescope_group.command("build")
+@click.option("--lab", "lab_number", required=True, help="Lab number, e.g. 04.")
+@click.option("--out", "out", type=click.Path(dir_okay=False, path_type=Path), default=None,
+              help="Zip to write (default: gradescope-labNN.zip).")
+@click.option("--visibility", type=click.Choice(VISIBILITIES), default="after_published", show_default=True,
+              help="Gradescope visibility of the hidden grader tests.")
+@click.pass_context
+def build_command(ctx, lab_number, out, visibility):
+    """Write the Gradescope autograder zip for a lab (setup.sh, run_autograder, the
+    harness and the lab's hidden graders; never solutions/)."""
+    from .cli import ExitCode, LabsError, _course, _lab
+    course = _course(ctx)
+    lab = _lab(course, lab_number)
+    out = out or Path(f"gradescope-lab{lab.number}.zip")
+    try:
+        names = build_zip(course, lab, out, visibility)
+    except FileNotFoundError as e:
+        raise LabsError(str(e), ExitCode.USAGE, hint="graders/NN/ must exist to build an autograder") from None
+    click.echo(f"wrote {out} ({len(names)} files, {out.stat().st_size / 1024:.0f} KiB): upload it as the "
+               f"autograder of lab {lab.number}")
+
+
+@gradescope_group.command("finalize", hidden=True)
+@click.argument("raw", type=click.Path(dir_okay=False, path_type=Path))
+@click.argument("out", type=click.Path(dir_okay=False, path_type=Path))
+@click.option("--status", type=int, default=0, help="Exit status of `labs grade`.")
+@click.option("--log", "log_path", type=click.Path(dir_okay=False, path_type=Path), default=None)
+@click.option("--module", default="", help="The graded file, relative to the submission ('' when none).")
+@click.option("--lab", "lab_number", required=True)
+@click.option("--visibility", type=click.Choice(VISIBILITIES), default="after_published")
+@click.pass_context
+def finalize_command(ctx, raw, out, status, log_path, module, lab_number, visibility):
+    """(run_autograder) Write Gradescope's results.json from `labs grade --json` output."""
+    from .cli import _course, _lab
+    lab = _lab(_course(ctx), lab_number)
+    log = log_path.read_text(errors="replace") if log_path and log_path.is_file() else ""
+    res = finalize(raw, out, status=status, log=log, module=module, lab=lab, visibility=visibility)
+    click.echo(f"results.json: score {res['score']:g}, {len(res['tests'])} tests")

@@ -1,0 +1,234 @@
+"""Grading in the course's container image (harness/container.py, docker/).
+
+Tests marked ``docker`` need a Docker engine and the CPU grading image. They
+reuse the image when it exists (CI builds it once, in .ci/run) and build it
+once per session otherwise. Without an engine they skip here, and FAIL under
+CI (env ``CI`` set): a CI run must never pass by skipping them.
+"""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import pytest
+
+from harness import container, grading, manifest
+
+ROOT = Path(__file__).resolve().parents[1]
+COURSE = manifest.load(ROOT)
+
+
+# --- without an engine ---------------------------------------------------------
+
+def _pins(text: str) -> dict:
+    out = {}
+    for line in text.splitlines():
+        line = line.split("#")[0].strip()
+        if "==" in line:
+            name, version = line.split("==")
+            out[name.strip().lower().replace("_", "-")] = version.strip()
+    return out
+
+
+def test_lock_pins_every_installed_project_dependency_and_triton_3_8():
+    import re
+    import tomllib
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    pins = _pins((ROOT / "docker/requirements.lock").read_text())
+    extras = project["optional-dependencies"]  # those that `make setup` and the images install
+    wanted = project["dependencies"] + extras["triton"] + extras["dev"]
+    names = {re.split(r"[<>=!~\[; ]", r, maxsplit=1)[0].lower().replace("_", "-") for r in wanted}
+    missing = sorted(names - set(pins) - {"torch"})
+    assert not missing, f"docker/requirements.lock has no pin for {missing}: add them (the images and make setup use it)"
+    assert pins["triton"] == "3.8.0"
+    assert _pins((ROOT / "docker/torch-cpu.txt").read_text()) == {"torch": "2.13.0"}
+    assert _pins((ROOT / "docker/torch-cuda.txt").read_text())["torch"].startswith("2.14.")
+
+
+def test_unknown_sandbox_is_refused(tmp_path):
+    lab = COURSE.lab("04")
+    with pytest.raises(ValueError, match="sandbox must be one of docker, process"):
+        grading.run(COURSE, lab, tmp_path, tmp_path / "r.json", 1, sandbox="vm")
+
+
+def test_grade_without_an_engine_notes_it_and_grades_in_process(toy_course, tmp_path):
+    env = {**os.environ, "DOCKER_HOST": f"unix://{tmp_path}/no-engine.sock"}
+    p = subprocess.run([sys.executable, "-m", "harness", "grade", "solutions", "--lab", "07", "--json",
+                        str(tmp_path / "r.json")], cwd=toy_course, env=env, capture_output=True, text=True,
+                       timeout=300)
+    assert p.returncode == 0, p.stderr
+    assert "labs: note: no Docker engine answers" in p.stderr and "grading in a local process" in p.stderr
+    assert json.loads((tmp_path / "r.json").read_text())["score"] > 0
+    p = subprocess.run([sys.executable, "-m", "harness", "grade", "solutions", "--lab", "07", "--sandbox", "docker"],
+                       cwd=toy_course, env=env, capture_output=True, text=True, timeout=300)
+    assert p.returncode == 1
+    assert p.stderr.startswith("labs: error: no Docker engine answers"), p.stderr
+
+
+# --- with an engine and the image ------------------------------------------------
+
+@pytest.fixture(scope="session")
+def client():
+    try:
+        return container.engine()
+    except container.ContainerError as e:
+        if os.environ.get("CI"):
+            pytest.fail(f"{e}: CI must run the container tests (.ci/run starts the engine)", pytrace=False)
+        pytest.skip(f"{e} (start one with docker/start-engine.sh)")
+
+
+@pytest.fixture(scope="session")
+def image(client):
+    """The CPU grading image: reused when present, else built once (a lock file
+    keeps xdist workers from building it twice)."""
+    from filelock import FileLock
+    name = COURSE.images.cpu
+    with FileLock(os.path.join(tempfile.gettempdir(), "ai-infra-labs-image.lock")):
+        try:
+            return client.images.get(name)
+        except Exception:
+            pass
+        built = container.build_image(COURSE, log=lambda m: print(m, file=sys.stderr))
+        return client.images.get(built.tag)
+
+
+def _labs_with_reference():
+    return [n for n, lab in sorted(COURSE.labs.items())
+            if (ROOT / "graders" / n).is_dir() and (ROOT / "solutions" / n / lab.filename).is_file()
+            and (ROOT / "labs" / n / lab.filename).is_file()]
+
+
+def _sh(client, image, script: str, user: str = "10001") -> str:
+    out = client.containers.run(image.id, ["python", "-c", script], user=user, network_mode="none", remove=True,
+                                stdout=True, stderr=True)
+    return out.decode()
+
+
+@pytest.mark.docker
+def test_student_uid_reads_stubs_and_harness_but_no_graders_and_no_solutions(client, image):
+    out = _sh(client, image, r"""
+import os, pwd, pathlib
+print("user", pwd.getpwuid(os.getuid()).pw_name, os.getuid())
+for p in ["/opt/course/graders", "/opt/course/graders/04"]:
+    try:
+        os.listdir(p); print("LISTED", p)
+    except PermissionError:
+        print("denied", p)
+try:
+    open("/opt/course/graders/04/conftest.py").read(); print("READ grader")
+except PermissionError:
+    print("denied grader file")
+print("stub", len(open("/opt/course/labs/04/flash_attention.py").read()) > 0)
+import harness.grading, harness.plugin
+print("harness ok")
+""")
+    assert "user student 10001" in out
+    assert "denied /opt/course/graders" in out and "LISTED" not in out and "READ" not in out
+    assert "stub True" in out and "harness ok" in out
+    # as root: the graders are there (mode 0700 / 0600), the solutions nowhere
+    out = _sh(client, image, r"""
+import os, pathlib, stat
+g = pathlib.Path("/opt/course/graders")
+print("graders", sorted(p.name for p in g.iterdir()))
+bad = [str(p) for p in [g, *g.rglob("*")] if p.stat().st_mode & 0o077]
+print("group/other bits", bad)
+hits = [str(p) for top in ("/opt", "/usr", "/tmp", "/root", "/home") for p in pathlib.Path(top).rglob("solutions")]
+print("solutions", hits)
+""", user="0")
+    assert "'04'" in out and "group/other bits []" in out and "solutions []" in out, out
+
+
+@pytest.mark.docker
+@pytest.mark.parametrize("number", _labs_with_reference())
+def test_reference_scores_max_runnable_and_stub_zero_in_the_container(image, number):
+    lab = COURSE.lab(number)
+    ref = grading.grade(ROOT / "solutions", lab, COURSE, sandbox="docker")
+    failed = [f"{t.name}: {t.outcome}: {t.output[:300]}" for t in ref.tests if t.runnable and t.outcome != "passed"]
+    assert not failed and ref.score == pytest.approx(ref.max_score_runnable), "\n".join(failed + ref.notes)
+    stub = grading.grade(ROOT / "labs", lab, COURSE, sandbox="docker")
+    assert stub.score == 0 and len(stub.tests) == len(ref.tests)
+    assert all(t.outcome in ("failed", "error", "skipped") for t in stub.tests)
+    assert "/labs-submission" not in json.dumps(stub.to_json())  # messages name the host's paths
+
+
+SLEEPER = "import time\ntime.sleep(10 ** 6)  # never returns\n"
+
+
+def _submission(tmp_path: Path, source: str) -> Path:
+    lab = COURSE.lab("04")
+    sub = tmp_path / "submission"
+    (sub / "04").mkdir(parents=True)
+    (sub / "04" / lab.filename).write_text(source)
+    return sub
+
+
+def _left_behind(client, seed: int) -> list:
+    return client.containers.list(all=True, filters={"label": f"ai-infra-labs.seed={seed}"})
+
+
+@pytest.mark.docker
+def test_submission_that_sleeps_forever_is_stopped_by_the_timeout_and_gets_a_row(client, image, tmp_path):
+    lab = COURSE.lab("04")
+    t0 = time.monotonic()
+    r = grading.grade(_submission(tmp_path, SLEEPER), lab, COURSE, seed=1234567, timeout_s=45, sandbox="docker")
+    assert time.monotonic() - t0 < 45 + 60
+    assert r.score == 0 and r.tests, "every grader test still has a row"
+    assert any("exceeded its 45 s limit" in n for n in r.notes), r.notes
+    not_run = [t for t in r.tests if t.outcome == "not run"]
+    assert not_run and all("exceeded its 45 s limit" in t.output for t in not_run)
+    assert not _left_behind(client, 1234567), "the container is removed"
+
+
+@pytest.mark.docker
+def test_backstop_kills_a_container_that_outlives_its_limit(client, image, tmp_path):
+    lab = COURSE.lab("04")
+    work = tmp_path / "work"
+    work.mkdir()
+    impl_root, _, _ = grading.stage(_submission(tmp_path, SLEEPER), lab, work)
+    t0 = time.monotonic()
+    raw, note = container.run(COURSE, lab, impl_root, work / "results.json", 7654321, timeout_s=900,
+                              kill_after_s=50)
+    assert time.monotonic() - t0 < 50 + 30
+    assert "exceeded its 50 s limit and was stopped" in note
+    tests = grading.score(raw, lab, note)
+    assert tests and all(t.outcome == "not run" for t in tests if not t.output.startswith("skipped"))
+    assert not _left_behind(client, 7654321)
+
+
+NET_PROBE = '''\
+import os, socket
+try:
+    socket.create_connection(("pypi.org", 443), timeout=5).close()
+    got = "CONNECTED"
+except OSError as e:
+    got = f"no connection ({type(e).__name__})"
+raise RuntimeError(f"netprobe: {got}; interfaces {sorted(os.listdir('/sys/class/net'))}")
+'''
+
+
+@pytest.mark.docker
+def test_submission_gets_no_network_in_the_container(image, tmp_path):
+    r = grading.grade(_submission(tmp_path, NET_PROBE), COURSE.lab("04"), COURSE, sandbox="docker", timeout_s=300)
+    out = "\n".join(t.output for t in r.tests)
+    assert "netprobe: no connection" in out and "CONNECTED" not in out, out[:2000]
+    assert "interfaces ['lo']" in out
+    assert r.score == 0
+
+
+@pytest.mark.docker
+def test_missing_image_is_a_one_line_error_naming_labs_image_build(client, toy_course, tmp_path):
+    yaml = toy_course / "labs.yaml"
+    yaml.write_text(yaml.read_text() + "images: {cpu: 'ai-infra-labs:no-such-image', gpu: 'ai-infra-labs:no-such-gpu'}\n")
+    p = subprocess.run([sys.executable, "-m", "harness", "grade", "solutions", "--lab", "07", "--sandbox", "docker"],
+                       cwd=toy_course, capture_output=True, text=True, timeout=300)
+    assert p.returncode == 1
+    assert p.stderr.splitlines()[0] == ("labs: error: grading image ai-infra-labs:no-such-image not found; "
+                                        "staff: run `labs image build`"), p.stderr
+    p = subprocess.run([sys.executable, "-m", "harness", "grade", "solutions", "--lab", "07"],
+                       cwd=toy_course, capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0 and "no image ai-infra-labs:no-such-image" in p.stderr

@@ -1,0 +1,137 @@
+"""`labs gradescope build`: the autograder zip's contents, and its run_autograder
+run locally (AUTOGRADER_ROOT) against submissions laid out as /autograder/submission."""
+from __future__ import annotations
+
+import json
+import os
+import stat
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import ROOT, TOY_SOLUTION, TOY_STUB
+
+VISIBILITIES = {"hidden", "after_due_date", "after_published", "visible"}
+
+
+def labs(cwd, *args):
+    return subprocess.run([sys.executable, "-m", "harness", *args], cwd=cwd, capture_output=True, text=True,
+                          timeout=300)
+
+
+def check_results_schema(r: dict) -> None:
+    """Gradescope's results.json: the fields it reads, with their types."""
+    assert isinstance(r["score"], (int, float))
+    assert r.get("visibility", "visible") in VISIBILITIES
+    assert r.get("stdout_visibility", "visible") in VISIBILITIES
+    assert isinstance(r["tests"], list)
+    for t in r["tests"]:
+        assert isinstance(t["name"], str) and isinstance(t["output"], str)
+        assert isinstance(t["score"], (int, float)) and isinstance(t["max_score"], (int, float))
+        assert t["status"] in ("passed", "failed") and t["visibility"] in VISIBILITIES
+        assert isinstance(t.get("tags", []), list)
+    for e in r.get("leaderboard", []):
+        assert isinstance(e["name"], str) and isinstance(e["value"], (int, float, str))
+        assert e.get("order", "desc") in ("asc", "desc")
+    json.dumps(r)
+
+
+@pytest.fixture
+def autograder(toy_course, tmp_path):
+    """The toy lab's zip unpacked as AUTOGRADER_ROOT/source; returns a runner."""
+    z = tmp_path / "ag.zip"
+    p = labs(toy_course, "gradescope", "build", "--lab", "07", "--out", str(z))
+    assert p.returncode == 0, p.stderr
+    root = tmp_path / "autograder"
+    with zipfile.ZipFile(z) as zf:
+        zf.extractall(root / "source")
+        for info in zf.infolist():  # zipfile drops the mode bits; Gradescope keeps them
+            mode = info.external_attr >> 16
+            if mode:
+                os.chmod(root / "source" / info.filename, stat.S_IMODE(mode))
+
+    def run(files: dict[str, str]) -> dict:
+        import shutil
+        for d in ("submission", "results"):
+            shutil.rmtree(root / d, ignore_errors=True)
+        (root / "submission").mkdir()
+        for rel, text in files.items():
+            (root / "submission" / rel).parent.mkdir(parents=True, exist_ok=True)
+            (root / "submission" / rel).write_text(text)
+        shutil.copy(root / "source/run_autograder", root / "run_autograder")  # as Gradescope does
+        env = {**os.environ, "AUTOGRADER_ROOT": str(root), "LABS_PYTHON": sys.executable}
+        env.pop("LABS_COURSE", None)
+        p = subprocess.run(["bash", str(root / "run_autograder")], cwd=root, env=env, capture_output=True,
+                           text=True, timeout=600)
+        assert p.returncode == 0, p.stdout + p.stderr
+        r = json.loads((root / "results/results.json").read_text())
+        check_results_schema(r)
+        return r
+
+    run.root = root
+    return run
+
+
+def test_zip_holds_scripts_harness_and_this_labs_graders_only(toy_course, tmp_path):
+    (toy_course / "graders/08").mkdir()
+    (toy_course / "graders/08/test_other.py").write_text("x = 1\n")
+    p = labs(toy_course, "gradescope", "build", "--lab", "7", "--out", str(tmp_path / "ag.zip"))
+    assert p.returncode == 0 and "wrote" in p.stdout, p.stderr
+    with zipfile.ZipFile(tmp_path / "ag.zip") as zf:
+        names = set(zf.namelist())
+        modes = {i.filename: i.external_attr >> 16 for i in zf.infolist()}
+        setup = zf.read("setup.sh").decode()
+    assert {"setup.sh", "run_autograder", "labs.yaml", "graders/07/test_toy.py", "labs/07/toy.py",
+            "harness/grading.py", "harness/plugin.py", "pyproject.toml"} <= names
+    assert not any(n.startswith(("solutions/", "graders/08", "tests/")) for n in names)
+    assert modes["run_autograder"] & 0o111 and modes["setup.sh"] & 0o111
+    assert "torch==2.13.0" in setup and "download.pytorch.org/whl/cpu" in setup
+
+
+def test_real_lab_04_zip_pins_torch_and_installs_triton(tmp_path):
+    p = labs(ROOT, "gradescope", "build", "--lab", "04", "--out", str(tmp_path / "ag.zip"))
+    assert p.returncode == 0, p.stderr
+    with zipfile.ZipFile(tmp_path / "ag.zip") as zf:
+        names = set(zf.namelist())
+        setup, run = zf.read("setup.sh").decode(), zf.read("run_autograder").decode()
+    graders = {f"graders/04/{p.name}" for p in (ROOT / "graders/04").glob("*.py")}
+    assert graders and graders <= names and "labs/04/flash_attention.py" in names
+    assert not any(n.startswith("solutions/") for n in names)
+    assert '"torch==2.13.0"' in setup and '/autograder/source[triton]' in setup
+    if (ROOT / "docker/requirements.lock").is_file():
+        assert "docker/requirements.lock" in names and "-c docker/requirements.lock" in setup
+    assert "--json \"$RESULTS/labs-grade.json\"" in run and "MODULE=flash_attention.py" in run
+
+
+def test_run_autograder_reference_checkout_full_runnable_marks(autograder):
+    r = autograder({"labs/07/toy.py": TOY_SOLUTION, "README.md": "hi"})
+    assert r["score"] == pytest.approx(6.5)  # the GPU test cannot run here; perf at half credit
+    check, *tests = r["tests"]
+    assert check["name"] == "Submission check" and check["visibility"] == "visible"
+    assert "Graded labs/07/toy.py" in check["output"]
+    assert {t["visibility"] for t in tests} == {"after_published"} and len(tests) == 4
+    assert r["leaderboard"] == [{"name": "add_vs_torch", "value": 2.0, "order": "asc"}]
+    assert r["extra_data"]["max_score_runnable"] == pytest.approx(8.5)
+    assert (autograder.root / "results/labs-grade.log").is_file()
+
+
+def test_run_autograder_flat_stub_scores_zero(autograder):
+    r = autograder({"toy.py": TOY_STUB})
+    assert r["score"] == 0 and "Graded toy.py" in r["tests"][0]["output"]
+    assert any("NotImplementedError" in t["output"] for t in r["tests"][1:])
+
+
+def test_run_autograder_without_the_module_says_what_to_upload(autograder):
+    r = autograder({"notes.txt": "oops"})
+    assert r["score"] == 0
+    assert r["tests"][0]["status"] == "failed" and "No toy.py in your upload" in r["tests"][0]["output"]
+
+
+def test_run_autograder_writes_results_when_grading_itself_fails(autograder):
+    (autograder.root / "source/graders/07/test_broken.py").write_text("import nonexistent_module\n")
+    r = autograder({"toy.py": TOY_SOLUTION})
+    assert r["score"] == 0 and r["tests"] == []
+    assert "could not grade" in r["output"] and "graders failed to collect" in r["output"]
