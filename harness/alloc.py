@@ -28,11 +28,16 @@ class AllocationTracker(TorchDispatchMode):
       ``max_bytes``  bytes of the largest tensor allocated;
       ``total_bytes`` bytes allocated in all, freed or not;
       ``largest``    the op, shape and dtype of the largest allocation;
-      ``ops``        names of every op seen (for "must not call" checks).
+      ``ops``        names of every op seen (for "must not call" checks);
+      ``first_nonfinite`` with ``watch_nonfinite=True``: the first op whose floating
+                     output held NaN or Inf (casting NaN to an integer is undefined
+                     behaviour even where it gives 0, so final outputs can hide it).
     """
 
-    def __init__(self):
+    def __init__(self, watch_nonfinite: bool = False):
         super().__init__()
+        self.watch_nonfinite = watch_nonfinite
+        self.first_nonfinite = ""
         self.max_numel = 0
         self.max_bytes = 0
         self.total_bytes = 0
@@ -50,6 +55,9 @@ class AllocationTracker(TorchDispatchMode):
             for leaf in tree_flatten(t)[0]:
                 if isinstance(leaf, torch.Tensor) and not aliased:
                     self._record(name, leaf)
+                if self.watch_nonfinite and not self.first_nonfinite and isinstance(leaf, torch.Tensor) \
+                        and leaf.is_floating_point() and leaf.numel() and not bool(torch.isfinite(leaf).all()):
+                    self.first_nonfinite = f"aten.{name} -> {tuple(leaf.shape)} with NaN/Inf"
         return out
 
     def _record(self, name: str, t: torch.Tensor):

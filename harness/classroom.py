@@ -35,7 +35,6 @@ import json
 import os
 import shutil
 import stat
-import sys
 import tarfile
 import tempfile
 import threading
@@ -534,7 +533,7 @@ def grade_all_command(ctx, submissions, lab_number, jobs, out_dir, gradebook, ti
     if tty:
         from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
         progress = Progress(TextColumn("[bold]lab {task.fields[lab]}[/]"), BarColumn(), MofNCompleteColumn(),
-                            TextColumn("done {task.fields[ok]}  failed {task.fields[failed]}"),
+                            TextColumn("ok {task.fields[ok]}  [red]failed {task.fields[failed]}[/]"),
                             TimeElapsedColumn(), console=console, transient=False)
 
     def on_start(total, skipped):

@@ -38,7 +38,6 @@ show them.
 from __future__ import annotations
 
 import contextlib
-import copy
 import hashlib
 import io
 import json

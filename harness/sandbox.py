@@ -816,6 +816,7 @@ class Measurement:
     forbidden_called: list = dataclasses.field(default_factory=list)
     wall_s: float = 0.0
     peak_rss_bytes: int | None = None
+    first_nonfinite: str = ""  # with nonfinite=True: the first op that produced NaN/Inf
 
 
 def _sandbox_of(fn) -> Sandbox | None:
@@ -832,14 +833,15 @@ def _measurement_from(tracker, flops, forbidden, wall) -> Measurement:
     if tracker is not None:
         m.max_numel, m.max_bytes, m.total_bytes = tracker.max_numel, tracker.max_bytes, tracker.total_bytes
         m.largest, m.ops = tracker.largest, set(tracker.ops)
+        m.first_nonfinite = tracker.first_nonfinite
     return m
 
 
 @contextlib.contextmanager
-def _local_measure(fn, alloc, ops, flops, forbid, no_grad, reason):
+def _local_measure(fn, alloc, ops, flops, forbid, no_grad, reason, nonfinite=False):
     from .alloc import AllocationTracker
     from .testing import forbid_calls
-    tracker = AllocationTracker() if (alloc or ops) else None
+    tracker = AllocationTracker(watch_nonfinite=nonfinite) if (alloc or ops or nonfinite) else None
     counter = None
     box = {}
     with contextlib.ExitStack() as stack:
@@ -899,11 +901,11 @@ def _measurement_from_extra(extra: dict, wall: float, peak) -> Measurement:
                        flops=int(flops) if isinstance(flops, (int, float)) and not isinstance(flops, bool) else None,
                        forbidden_called=[str(x)[:200] for x in extra.get("forbidden", [])][:20]
                        if isinstance(extra.get("forbidden"), list) else [],
-                       wall_s=wall, peak_rss_bytes=peak)
+                       wall_s=wall, peak_rss_bytes=peak, first_nonfinite=str(extra.get("nonfinite") or "")[:300])
 
 
 def measure(fn, *args, alloc: bool = True, ops: bool = True, flops: bool = False, forbid: Iterable[str] = (),
-            no_grad: bool = False, reason: str = "the contract forbids it", **kwargs):
+            no_grad: bool = False, nonfinite: bool = False, reason: str = "the contract forbids it", **kwargs):
     """Call ``fn(*args, **kwargs)`` next to the implementation and measure it.
 
     Returns ``(out, Measurement)``. ``alloc``/``ops``: an AllocationTracker around
@@ -911,17 +913,19 @@ def measure(fn, *args, alloc: bool = True, ops: bool = True, flops: bool = False
     ``torch.nn.functional.scaled_dot_product_attention``) patched to raise
     AssertionError during the call, in their home module and in the implementation
     module's globals (a call is also recorded in ``forbidden_called``, even if the
-    implementation swallows the error); ``no_grad``: run under ``torch.no_grad()``.
+    implementation swallows the error); ``no_grad``: run under ``torch.no_grad()``;
+    ``nonfinite``: record the first op whose floating output held NaN/Inf.
     ``fn`` is an implementation function, class, method or handle (``impl.f``,
     ``obj.method``, ``obj``). The measurement's own keyword arguments cannot be
     passed through to ``fn``."""
     forbid = list(forbid)
     sb = _sandbox_of(fn)
     if sb is None:
-        with _local_measure(fn, alloc, ops, flops, forbid, no_grad, reason) as box:
+        with _local_measure(fn, alloc, ops, flops, forbid, no_grad, reason, nonfinite) as box:
             out = fn(*args, **kwargs)
         return out, box["m"]
-    opts = {"alloc": alloc, "ops": ops, "flops": flops, "forbid": forbid, "no_grad": no_grad, "reason": reason}
+    opts = {"alloc": alloc, "ops": ops, "flops": flops, "forbid": forbid, "no_grad": no_grad, "reason": reason,
+            "nonfinite": nonfinite}
     out, extra, wall, peak = _remote_measured(sb, {"op": "measure", "opts": opts},
                                               {"target": fn, "args": list(args), "kwargs": kwargs},
                                               f"measuring {fn._short}")

@@ -280,8 +280,8 @@ class Server:
             from torch.utils.flop_counter import FlopCounterMode
             counter = stack.enter_context(FlopCounterMode(display=False))
         tracker = None
-        if opts.get("alloc", True) or opts.get("ops", True):
-            tracker = stack.enter_context(AllocationTracker())
+        if opts.get("alloc", True) or opts.get("ops", True) or opts.get("nonfinite"):
+            tracker = stack.enter_context(AllocationTracker(watch_nonfinite=bool(opts.get("nonfinite"))))
         return stack, tracker, counter
 
     @staticmethod
@@ -289,7 +289,7 @@ class Server:
         extra = {"forbidden": sorted(set(seen))}
         if tracker is not None:
             extra.update(max_numel=tracker.max_numel, max_bytes=tracker.max_bytes, total_bytes=tracker.total_bytes,
-                         largest=tracker.largest, ops=sorted(tracker.ops))
+                         largest=tracker.largest, ops=sorted(tracker.ops), nonfinite=tracker.first_nonfinite)
         if counter is not None:
             extra["flops"] = int(counter.get_total_flops())
         return extra

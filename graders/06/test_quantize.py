@@ -12,37 +12,13 @@ judged by the submission's own dequantize. Works with ``--sandbox none`` and
 """
 from __future__ import annotations
 
-import contextlib
 import math
 
 import pytest
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
-from torch.utils._pytree import tree_flatten
 
-from harness.sandbox import held_storages, is_remote
+from harness.sandbox import held_storages, measure
 from harness.testing import assert_close, randn
-
-
-class NonFiniteWatch(TorchDispatchMode):
-    """Records the first ATen op whose floating output holds NaN or Inf.
-    (Casting NaN to an integer is undefined behaviour even where it gives 0, so
-    checking only the final codes would miss it.) In-process only: under
-    ``--sandbox worker`` the call runs elsewhere and only its outputs are checked."""
-
-    def __init__(self):
-        super().__init__()
-        self.first = None
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        out = func(*args, **(kwargs or {}))
-        if self.first is None:
-            for t in tree_flatten(out)[0]:
-                if isinstance(t, torch.Tensor) and t.is_floating_point() and t.numel() \
-                        and not bool(torch.isfinite(t).all()):
-                    self.first = f"aten.{func.overloadpacket.__name__} -> {tuple(t.shape)} with NaN/Inf"
-                    break
-        return out
 
 
 def _gsize(in_f, group_size):
@@ -228,16 +204,14 @@ def _special_weight(gen):
 @pytest.mark.parametrize("bits,gs", [(8, None), (4, 8), (8, 8)], ids=["bits8-row", "bits4-g8", "bits8-g8"])
 def test_zero_and_constant_groups_never_make_nan_or_inf(impl, gen, kind, bits, gs):
     w = _special_weight(gen)
-    watch = NonFiniteWatch()
-    with watch if not is_remote(impl) else contextlib.nullcontext():
-        if kind == "symmetric":
-            codes, scale = impl.quantize_symmetric(w, bits=bits, group_size=gs)
-            zp = None
-        else:
-            codes, scale, zp = impl.quantize_asymmetric(w, bits=bits, group_size=gs)
+    if kind == "symmetric":
+        (codes, scale), m = measure(impl.quantize_symmetric, w, bits=bits, group_size=gs, nonfinite=True)
+        zp = None
+    else:
+        (codes, scale, zp), m = measure(impl.quantize_asymmetric, w, bits=bits, group_size=gs, nonfinite=True)
     case = f"{kind}-bits{bits}-" + ("row" if gs is None else f"g{gs}")
-    assert watch.first is None, (f"NaN/Inf produced while quantizing all-zero/constant groups ({case}): "
-                                 f"{watch.first}; guard the zero absmax/range (casting NaN to int is undefined)")
+    assert not m.first_nonfinite, (f"NaN/Inf produced while quantizing all-zero/constant groups ({case}): "
+                                   f"{m.first_nonfinite}; guard the zero absmax/range (casting NaN to int is undefined)")
     assert bool(torch.isfinite(scale).all()) and bool((scale >= 0).all()), \
         f"scale must be 0 or finite positive for zero/constant groups ({case}): {scale[:2].tolist()}"
     g = _gsize(32, gs)
