@@ -7,6 +7,8 @@ PY     := $(VENV)/bin/python
 LOCK   := docker/requirements.lock
 TORCH  ?= -r docker/torch-cpu.txt
 JOBS   ?= 2
+# the venv's console scripts (labs, nbgrader, alembic) on PATH for the tests' subprocesses
+export PATH := $(abspath $(VENV))/bin:$(PATH)
 
 .PHONY: setup demo test test-fast image clean
 

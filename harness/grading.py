@@ -157,7 +157,7 @@ def run(course: Course, lab: Lab, impl_root: Path, results: Path, seed: int,
            "-o", "addopts=--import-mode=importlib", f"--timeout={lab.limits.test_timeout_s}"]
     env = {**os.environ, "PYTHONDONTWRITEBYTECODE": "1", "LABS_COURSE": str(course.root), "LABS_SEED": str(seed)}
     proc = subprocess.Popen(cmd, cwd=course.root, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            text=True, start_new_session=True)
+                            text=True, start_new_session=True, preexec_fn=_die_with_parent)
     note = ""
     try:
         out, _ = proc.communicate(timeout=timeout_s)
@@ -175,6 +175,17 @@ def run(course: Course, lab: Lab, impl_root: Path, results: Path, seed: int,
     if not note and not raw["finished"]:
         note = f"the grader run ended early (exit code {proc.returncode})"
     return raw, note
+
+
+def _die_with_parent() -> None:
+    """In the grader child: ask Linux to SIGKILL it when the grading process dies, so a
+    killed `labs grade-all` leaves no grader running (its own session escapes the
+    terminal's process-group signal). A no-op elsewhere."""
+    try:
+        import ctypes
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
 
 
 # --- step 3: score ---------------------------------------------------------

@@ -463,7 +463,11 @@ class Worker:
             os.chown(self.workdir, drop[0], drop[1])
         os.chmod(self.workdir, 0o700)
         self._log = tempfile.TemporaryFile(prefix="labs-worker-log-")
-        boot = ("import sys; sys.argv[1:] = []; from harness.worker import main; main()")
+        # the worker imports the same harness as this process (which may come from
+        # PYTHONPATH, ignored under -I, rather than the installed one)
+        harness_parent = str(Path(__file__).resolve().parent.parent)
+        boot = (f"import sys; sys.argv[1:] = []; sys.path.insert(0, {harness_parent!r}); "
+                "from harness.worker import main; main()")
         cmd = _isolation_prefix() + [sys.executable, "-I", "-c", boot]
         self.proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self._log,
                                      cwd=self.workdir, env=_scrubbed_env(self.workdir), start_new_session=True,
@@ -473,7 +477,6 @@ class Worker:
                 import fcntl
                 fcntl.fcntl(f.fileno(), 1031, 1 << 20)  # F_SETPIPE_SZ
         self._reader = _Reader(self.proc.stdout.fileno())
-        harness_parent = str(Path(__file__).resolve().parent.parent)
         setup = {"op": "init", "uid": drop[0] if drop else None, "gid": drop[1] if drop else None,
                  "user": drop[2] if drop else None, "workdir": self.workdir, "namespaces": bool(_isolation_prefix()),
                  "hide": [str(p) for p in self.cfg.hide], "memory_mb": self.cfg.memory_mb, "cpu_s": self.cfg.cpu_s,

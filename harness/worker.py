@@ -81,12 +81,34 @@ def _expose_through(path: str) -> bool:
         os.close(fd)
 
 
+def _fresh_tmpfs_keeping(path: str, keep: list[str]) -> bool:
+    """Mount an empty, world-writable tmpfs over ``path`` but bind-mount back the
+    directories of ``keep`` that lie under it (with their own submounts, so hidden
+    paths stay hidden): a course checked out under /tmp keeps its interpreter,
+    packages and harness, and loses everything else there."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    MS_BIND, MS_REC = 4096, 16384
+    under = sorted({k for k in keep if os.path.commonpath([path, os.path.abspath(k)]) == path and k != path},
+                   key=len)
+    under = [k for i, k in enumerate(under) if not any(k.startswith(u + os.sep) for u in under[:i])]
+    fds = [(k, os.open(k, os.O_PATH)) for k in under if os.path.isdir(k)]
+    if not _mount_tmpfs(path, "1777"):
+        return False
+    ok = True
+    for k, fd in fds:
+        os.makedirs(k, exist_ok=True)
+        ok &= libc.mount(f"/proc/self/fd/{fd}".encode(), k.encode(), None, MS_BIND | MS_REC, None) == 0
+        os.close(fd)
+    return ok
+
+
 def _isolate(cfg: dict) -> list[str]:
     notes = []
+    import torch
+    needed = [sys.base_prefix, sys.prefix, os.path.dirname(os.path.dirname(torch.__file__)),
+              cfg.get("harness_parent", "/")]
     if cfg.get("namespaces") and cfg.get("uid") is not None:
-        import torch
-        for p in {sys.base_prefix, sys.prefix, os.path.dirname(os.path.dirname(torch.__file__)),
-                  cfg.get("harness_parent", "/")}:
+        for p in set(needed):
             if not _expose_through(p):
                 notes.append(f"could not expose {p}")
     if cfg.get("namespaces"):
@@ -94,7 +116,8 @@ def _isolate(cfg: dict) -> list[str]:
             if not _mount_tmpfs(p, "0555", "1m"):
                 notes.append(f"could not hide {p}")
         for p in ("/tmp", "/var/tmp", "/dev/shm"):
-            _mount_tmpfs(p, "1777")
+            if not _fresh_tmpfs_keeping(p, [os.path.realpath(n) for n in needed]):
+                notes.append(f"could not replace {p}")
         work = "/tmp/work"
         os.makedirs(work, exist_ok=True)
         if cfg.get("uid") is not None:
