@@ -1,0 +1,891 @@
+"""The trusted side of the sandbox: start workers, send requests, proxy objects, call probes.
+
+With ``pytest --sandbox worker`` (``labs grade``) the ``impl`` fixture is a
+:class:`RemoteModule`; with ``--sandbox none`` (students' local runs) it is the
+module itself. Graders are written once for both:
+
+* ``impl.f(*args, **kw)`` calls ``f`` in the worker; ``impl.Cls(...)``, a method
+  returning an object, or an attribute holding one gives a :class:`RemoteObject`
+  handle living in the worker (calls, ``obj(x)``, ``obj.attr``, ``obj[i]``,
+  ``len(obj)``, ``for x in obj`` are proxied). Tensors, numbers, strings, None,
+  dtypes, devices, tuples, lists and dicts travel by value both ways.
+* Every measurement runs next to the code through one probe
+  (``harness.sandbox.probes``): :func:`measure`, :func:`vjp`, :func:`param_grads`,
+  :func:`saved_tensors`, :func:`held_storages`, ... dispatch to the worker for a
+  handle and run in-process for a local object.
+
+Worker life: a :class:`Worker` is one launcher process (``harness.sandbox.server``)
+holding ``servers`` request loops: one for a single-process lab, W for the ranks
+of a multi-rank lab (``harness.distributed``). A :class:`Sandbox` restarts its
+worker after a crash, an early exit (``os._exit``), a timeout or a kill; the test
+during which that happened fails with the reason and the tail of the worker's
+output. A :class:`Budget` shared by every sandbox of one lab stops a submission
+after ``MAX_TIMEOUTS`` timeouts or ``MAX_CRASHES`` crashes: its remaining calls
+fail at once (grading time stays bounded). A launcher that cannot start before
+the submission is imported raises :class:`SandboxStartError`: an infrastructure
+failure, never the student's.
+"""
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import inspect
+import math
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Iterable
+
+import torch
+
+from . import isolation, probes, wire
+from .wire import Handle, View, WireError  # noqa: F401  (View: part of the public API)
+
+
+# --- errors ------------------------------------------------------------------------------------
+
+class SandboxError(Exception):
+    """The sandboxed implementation could not answer (crash, early exit, timeout, protocol)."""
+
+
+class WorkerCrashed(SandboxError):
+    pass
+
+
+class WorkerTimeout(SandboxError):
+    pass
+
+
+class SandboxStartError(SandboxError):
+    """The sandbox itself could not start (before the submission was imported): an
+    infrastructure failure, reported as "grading failed", never as a 0."""
+
+
+MAX_TIMEOUTS = 2
+MAX_CRASHES = 6
+REPLY_SLACK_BYTES = 64 << 20  # what any reply may carry beyond the request's own allowance
+
+
+@dataclasses.dataclass
+class WorkerConfig:
+    """What the trusted side tells a worker (over its pipe, never on its command line)."""
+
+    module_source: str
+    module_filename: str
+    stub_source: str | None = None
+    api: list = dataclasses.field(default_factory=list)
+    hide: list = dataclasses.field(default_factory=list)   # paths made empty in the worker (mount ns)
+    memory_mb: int = 8192
+    cpu_s: int = 3600
+    nproc: int = 512
+    call_timeout_s: float = 300.0
+    start_timeout_s: float = 120.0
+    servers: int = 1
+
+
+class Budget:
+    """Timeouts and crashes of one submission, shared by all its sandboxes."""
+
+    def __init__(self):
+        self.timeouts = 0
+        self.crashes = 0
+
+    def check(self):
+        if self.timeouts >= MAX_TIMEOUTS:
+            raise WorkerTimeout(f"the implementation timed out {self.timeouts} times; its remaining calls "
+                                f"fail without running (grading time is bounded)")
+        if self.crashes >= MAX_CRASHES:
+            raise WorkerCrashed(f"the implementation's process died {self.crashes} times; its remaining calls "
+                                f"fail without running")
+
+
+class _Channel:
+    """One server's pipes and note file, seen from the trusted side."""
+
+    def __init__(self):
+        self.req_r, self.req_w = os.pipe()
+        self.rep_r, self.rep_w = os.pipe()
+        self.note = tempfile.TemporaryFile(prefix="labs-note-")
+        os.fchmod(self.note.fileno(), 0o666)  # the server, another uid, writes its notes here
+        self.reader = wire.Reader(self.rep_r)
+        self.pid: int | None = None  # the server's pid in this (the grader's) pid namespace
+        for fd in (self.req_w, self.rep_r):
+            with contextlib.suppress(OSError):
+                import fcntl
+                fcntl.fcntl(fd, 1031, 1 << 20)  # F_SETPIPE_SZ: 1 MiB pipes, fewer switches per tensor
+
+    def child_fds(self):
+        return [self.req_r, self.rep_w, self.note.fileno()]
+
+    def after_start(self):
+        for fd in (self.req_r, self.rep_w):
+            os.close(fd)
+
+    def read_note(self) -> str:
+        with contextlib.suppress(OSError, ValueError):
+            return os.pread(self.note.fileno(), 400, 0).split(b"\0", 1)[0].decode("utf-8", "replace")
+        return ""
+
+    def close(self):
+        for fd in (self.req_w, self.rep_r):
+            with contextlib.suppress(OSError):
+                os.close(fd)
+        with contextlib.suppress(Exception):
+            self.note.close()
+
+
+def _descendants(pid: int) -> list[int]:
+    out, todo = [], [pid]
+    while todo:
+        p = todo.pop()
+        try:
+            for tid in os.listdir(f"/proc/{p}/task"):
+                kids = Path(f"/proc/{p}/task/{tid}/children").read_text().split()
+                out += [int(k) for k in kids]
+                todo += [int(k) for k in kids]
+        except (OSError, ValueError):
+            continue
+    return out
+
+
+def _ns_pid(pid: int) -> int | None:
+    """The innermost pid of ``pid`` (its pid inside the sandbox's pid namespace)."""
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("NSpid:"):
+                return int(line.split()[-1])
+    except (OSError, ValueError, IndexError):
+        return None
+    return None
+
+
+class Worker:
+    """One launcher process and its servers: started, asked, killed. A server's requests
+    are serial; different servers may be asked from different threads."""
+
+    def __init__(self, cfg: WorkerConfig):
+        self.cfg = cfg
+        self.proc: subprocess.Popen | None = None
+        self.channels: list[_Channel] = []
+        self.problems: list[str] = []
+        self.notes: list[str] = []
+        self.import_error: str | None = None
+        self.generation = 0
+        self.workdir: str | None = None
+        self._log = None
+
+    # lifecycle
+    def start(self) -> None:
+        self.generation += 1
+        self.workdir = tempfile.mkdtemp(prefix="labs-worker-")
+        drop = isolation.worker_uid()
+        if drop:
+            os.chown(self.workdir, drop[0], drop[1])
+        os.chmod(self.workdir, 0o700)
+        self._log = tempfile.TemporaryFile(prefix="labs-worker-log-")
+        # the worker imports the same harness as this process (which may come from
+        # PYTHONPATH, ignored under -I, rather than the installed one)
+        harness_parent = str(Path(__file__).resolve().parent.parent.parent)
+        boot = (f"import sys; sys.argv[1:] = []; sys.path.insert(0, {harness_parent!r}); "
+                "from harness.sandbox.server import main; main()")
+        self.channels = [_Channel() for _ in range(self.cfg.servers)]
+        fds = [fd for c in self.channels for fd in c.child_fds()]
+        cmd = isolation.isolation_prefix() + [sys.executable, "-I", "-c", boot]
+        try:
+            self.proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self._log,
+                                         cwd=self.workdir, env=isolation.scrubbed_env(self.workdir),
+                                         start_new_session=True, close_fds=True, pass_fds=fds)
+        except OSError as e:
+            self.kill()
+            raise SandboxStartError(f"the sandbox could not start: {e}") from None
+        for c in self.channels:
+            c.after_start()
+        setup = {"op": "init", "uid": drop[0] if drop else None, "gid": drop[1] if drop else None,
+                 "user": drop[2] if drop else None, "workdir": self.workdir,
+                 "namespaces": bool(isolation.isolation_prefix()),
+                 "hide": [str(p) for p in self.cfg.hide], "memory_mb": self.cfg.memory_mb, "cpu_s": self.cfg.cpu_s,
+                 "nproc": self.cfg.nproc, "harness_parent": harness_parent,
+                 "module_source": self.cfg.module_source, "module_filename": self.cfg.module_filename,
+                 "stub_source": self.cfg.stub_source, "api": list(self.cfg.api),
+                 "cuda": torch.cuda.is_available(), "channels": [c.child_fds() for c in self.channels]}
+        deadline = time.monotonic() + self.cfg.start_timeout_s
+        ctl = wire.Reader(self.proc.stdout.fileno())
+        try:
+            wire.write_frame(self.proc.stdin.fileno(), setup)
+            reply, _ = ctl.read_frame(deadline)
+        except (TimeoutError, EOFError, OSError, WireError, ValueError) as e:
+            tail = self.output_tail()
+            self.kill()
+            raise SandboxStartError(f"the sandbox could not start ({type(e).__name__})"
+                                    + (f"; its output:\n{tail}" if tail else "")) from None
+        if not reply.get("ok"):
+            self.kill()
+            raise SandboxStartError(str(reply.get("error", "the sandbox could not start"))[:4000])
+        self.notes = [str(n)[:300] for n in reply.get("notes", [])][:20]
+        problems = []
+        for i, c in enumerate(self.channels):
+            try:
+                ready, _ = c.reader.read_frame(deadline, max_bytes=0)
+            except TimeoutError:
+                tail = self.output_tail()
+                self.kill()
+                raise WorkerTimeout(f"importing the implementation took longer than {self.cfg.start_timeout_s:.0f} s"
+                                    + (f"; its last output:\n{tail}" if tail else "")) from None
+            except (EOFError, OSError, WireError, ValueError):
+                tail = self.output_tail()
+                self.kill()
+                raise WorkerCrashed("the implementation's process died while importing the submission"
+                                    + (f"; its last output:\n{tail}" if tail else "")) from None
+            if not ready.get("ok"):
+                self.import_error = str(ready.get("error", "import failed"))[:4000]
+                return
+            problems = [str(p)[:500] for p in ready.get("problems", [])][:50]
+        self.problems = problems
+        self._find_pids()
+
+    def _find_pids(self) -> None:
+        """Host pids of the servers (for /proc figures), matched by their order of creation."""
+        if self.proc is None:
+            return
+        kids = sorted(_descendants(self.proc.pid))
+        launcher = [k for k in kids if _ns_pid(k) in (1, None)] if isolation.isolation_prefix() else [self.proc.pid]
+        servers = [k for k in kids if k not in launcher]
+        servers.sort(key=lambda k: _ns_pid(k) or k)
+        for c, pid in zip(self.channels, servers):
+            c.pid = pid
+
+    @property
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def pid_of_server(self, i: int = 0) -> int | None:
+        return self.channels[i].pid if i < len(self.channels) else None
+
+    def kill(self) -> None:
+        if self.proc is not None:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(self.proc.pid, signal.SIGKILL)
+            with contextlib.suppress(Exception):
+                self.proc.kill()
+            with contextlib.suppress(Exception):
+                self.proc.wait(timeout=10)
+            for f in (self.proc.stdin, self.proc.stdout):
+                with contextlib.suppress(Exception):
+                    f.close()
+            drop = isolation.worker_uid()
+            if drop and drop[2] == "student" and not isolation.isolation_prefix():
+                isolation.kill_all_of_uid(drop[0])  # a dedicated uid: leftovers (setsid daemons) die too
+        self.proc = None
+        for c in self.channels:
+            c.close()
+        if self.workdir:
+            import shutil
+            shutil.rmtree(self.workdir, ignore_errors=True)
+            self.workdir = None
+
+    def output_tail(self, n: int = 1500) -> str:
+        if self._log is None:
+            return ""
+        try:
+            self._log.seek(0, os.SEEK_END)
+            size = self._log.tell()
+            self._log.seek(max(0, size - n))
+            return self._log.read().decode(errors="replace").strip()
+        except (OSError, ValueError):
+            return ""
+
+    # requests
+    def request(self, server: int, header: dict, buffers: list, what: str, timeout: float | None = None,
+                max_bytes: int | None = None):
+        """Send one frame to ``server`` and read its answer; the answer may carry at most
+        ``max_bytes`` of buffers (default: what was sent plus a slack)."""
+        if self.proc is None:
+            raise WorkerCrashed(f"the implementation's process is gone ({what})")
+        c = self.channels[server]
+        timeout = self.cfg.call_timeout_s if timeout is None else timeout
+        sent = sum(len(b) for b in buffers)
+        limit = max_bytes if max_bytes is not None else 4 * sent + REPLY_SLACK_BYTES
+        try:
+            wire.write_frame(c.req_w, header, buffers)
+            return c.reader.read_frame(time.monotonic() + timeout, max_bytes=limit)
+        except TimeoutError:
+            tail = self.output_tail()
+            self.kill()
+            raise WorkerTimeout(f"the implementation did not answer within {timeout:.0f} s ({what}); its "
+                                f"process was stopped" + (f"; its last output:\n{tail}" if tail else "")) from None
+        except (EOFError, BrokenPipeError, ConnectionResetError, OSError):
+            code = None
+            with contextlib.suppress(Exception):
+                code = self.proc.poll() if self.proc else None
+            tail = self.output_tail()
+            self.kill()
+            raise WorkerCrashed(f"the implementation's process {_exit_reason(code)} ({what})"
+                                + (f"; its last output:\n{tail}" if tail else "")) from None
+        except (WireError, ValueError) as e:
+            self.kill()
+            raise WorkerCrashed(f"the implementation's process broke the protocol ({what}): {e}") from None
+        except BaseException:
+            self.kill()  # pytest-timeout or Ctrl-C mid-call: the worker's state is unknown
+            raise
+
+
+def _exit_reason(code) -> str:
+    if code is None:
+        return "stopped answering (it exited or closed its channel)"
+    if code < 0:
+        try:
+            return f"was killed by {signal.Signals(-code).name}"
+        except ValueError:
+            return f"was killed by signal {-code}"
+    if code > 128 and code - 128 in signal.Signals._value2member_map_:
+        return f"was killed by {signal.Signals(code - 128).name} (exit {code})"
+    return f"exited with code {code}"
+
+
+class Sandbox:
+    """The worker serving one lab module (``servers`` request loops), restarted as needed."""
+
+    def __init__(self, cfg: WorkerConfig, module_path: Path, budget: Budget | None = None):
+        self.cfg = cfg
+        self.module_path = Path(module_path)
+        self.worker: Worker | None = None
+        self.budget = budget or Budget()
+        self.import_error: str | None = None
+        self.test_seq = 0
+        self.calls = 0
+
+    @property
+    def timeouts(self):
+        return self.budget.timeouts
+
+    def ensure(self) -> Worker:
+        if self.import_error:
+            raise SandboxError(self.import_error)
+        self.budget.check()
+        if self.worker is None or not self.worker.alive:
+            w = Worker(self.cfg)
+            self.worker = w
+            try:
+                w.start()
+            except SandboxStartError:
+                self.worker = None
+                raise
+            except WorkerTimeout:
+                self.budget.timeouts += 1
+                self.worker = None
+                raise
+            except WorkerCrashed as e:
+                self.budget.crashes += 1
+                self.worker = None
+                if w.generation == 1 and self.budget.crashes == 1:
+                    self.import_error = f"importing {self.module_path.name} failed: {e}"
+                    raise SandboxError(self.import_error) from None
+                raise
+            if w.import_error:
+                self.import_error = w.import_error
+                w.kill()
+                self.worker = None
+                raise SandboxError(self.import_error)
+        return self.worker
+
+    def request(self, header: dict, buffers: list, what: str, server: int = 0, timeout: float | None = None,
+                max_bytes: int | None = None):
+        w = self.ensure()
+        self.calls += 1
+        try:
+            reply, bufs = w.request(server, header, buffers, what, timeout=timeout, max_bytes=max_bytes)
+        except WorkerTimeout:
+            self.budget.timeouts += 1
+            self.worker = None
+            raise
+        except WorkerCrashed:
+            self.budget.crashes += 1
+            self.worker = None
+            raise
+        return reply, bufs, w
+
+    def begin_test(self) -> None:
+        """Forget the previous test's handles (a fresh handle table; module attributes stay)."""
+        self.test_seq += 1
+        if self.worker is not None and self.worker.alive:
+            for i in range(self.cfg.servers):
+                with contextlib.suppress(SandboxError):
+                    self.request({"op": "reset"}, [], "resetting handles", server=i)
+
+    def kill(self) -> None:
+        if self.worker is not None:
+            self.worker.kill()
+            self.worker = None
+
+    def close(self) -> None:
+        if self.worker is not None:
+            for c in self.worker.channels:
+                with contextlib.suppress(Exception):
+                    wire.write_frame(c.req_w, {"op": "exit"})
+            self.worker.kill()
+            self.worker = None
+
+    # value plumbing
+    def send(self, op: dict, values: dict, what: str, server: int = 0, timeout: float | None = None,
+             max_bytes: int | None = None):
+        """Encode ``values`` into ``op``, ask server ``server``, decode its answer (or raise its error)."""
+        buffers: list = []
+        header = dict(op)
+        for key, val in values.items():
+            header[key] = wire.encode(val, buffers)
+        self._check_handles(values, server)
+        reply, bufs, w = self.request(header, buffers, what, server=server, timeout=timeout, max_bytes=max_bytes)
+        if reply.get("ok"):
+            try:
+                value = wire.decode(reply.get("value"), bufs, lambda t: self._ref(t, w, server))
+                extra = reply.get("extra") if isinstance(reply.get("extra"), dict) else {}
+                return value, extra
+            except (WireError, ValueError, TypeError, RuntimeError) as e:
+                raise SandboxError(f"the implementation's answer is not a plain value ({what}): {e}") from None
+        exc = reply.get("error")
+        if not isinstance(exc, dict):
+            raise SandboxError(f"the implementation's process sent a malformed answer ({what})")
+        raise wire.rebuild_exception(exc)
+
+    def _check_handles(self, values, server):
+        def visit(v):
+            if isinstance(v, RemoteModule):
+                return
+            if isinstance(v, RemoteObject):
+                if v._sandbox is not self or v._server != server \
+                        or v._generation != (self.worker.generation if self.worker else -1) \
+                        or v._test_seq not in (self.test_seq, None):
+                    raise SandboxError(f"a handle to {v._type} from an earlier test, another rank or a crashed "
+                                       f"worker was used")
+            elif isinstance(v, (tuple, list)):
+                for x in v:
+                    visit(x)
+            elif isinstance(v, dict):
+                for x in v.values():
+                    visit(x)
+        visit(values)
+
+    def _ref(self, tree: dict, w: Worker, server: int):
+        rid = tree.get("id")
+        if not isinstance(rid, int):
+            raise WireError("bad handle")
+        pinned = bool(tree.get("pinned"))
+        mro = [str(x)[:200] for x in tree.get("mro", [])][:64] if isinstance(tree.get("mro"), list) else []
+        return RemoteObject(self, rid, str(tree.get("type", "object"))[:200], mro, w.generation,
+                            None if pinned else self.test_seq, bool(tree.get("callable")), server)
+
+
+# --- proxies -----------------------------------------------------------------------------------
+
+class RemoteObject(Handle):
+    """A handle to an object living in a worker's server. Attribute reads come back by
+    value (tensors, numbers, ...) or as another handle; calls run in the worker."""
+
+    __slots__ = ("_sandbox", "_ref", "_type", "_mro", "_generation", "_test_seq", "_callable", "_server")
+
+    def __init__(self, sandbox: Sandbox, ref: int, typename: str, mro: list, generation: int,
+                 test_seq: int | None, is_callable: bool, server: int = 0):
+        object.__setattr__(self, "_sandbox", sandbox)
+        object.__setattr__(self, "_ref", ref)
+        object.__setattr__(self, "_type", typename)
+        object.__setattr__(self, "_mro", mro)
+        object.__setattr__(self, "_generation", generation)
+        object.__setattr__(self, "_test_seq", test_seq)
+        object.__setattr__(self, "_callable", is_callable)
+        object.__setattr__(self, "_server", server)
+
+    def _ask(self, op: str, what: str, **values):
+        value, _ = self._sandbox.send({"op": op}, {"target": self, **values}, what, server=self._server)
+        return value
+
+    def __getattr__(self, name):
+        if name.startswith("__") and name.endswith("__"):
+            raise AttributeError(name)
+        return self._ask("getattr", f"{self._short}.{name}", name=name)
+
+    def __setattr__(self, name, value):
+        self._ask("setattr", f"setting {self._short}.{name}", name=name, value=value)
+
+    def __call__(self, *args, **kwargs):
+        return self._ask("call", f"calling {self._short}", args=list(args), kwargs=kwargs)
+
+    def __getitem__(self, key):
+        return self._ask("getitem", f"{self._short}[{key!r}]", key=key)
+
+    def __len__(self):
+        return self._ask("len", f"len({self._short})")
+
+    def __iter__(self):
+        return iter(self._ask("iter", f"iterating {self._short}"))
+
+    def __bool__(self):
+        return True
+
+    @property
+    def _short(self):
+        return self._type.rsplit(".", 1)[-1]
+
+    def __repr__(self):
+        return f"<sandboxed {self._type}>"
+
+
+class RemoteModule(RemoteObject):
+    """The implementation module, imported in the worker (``impl`` under ``--sandbox worker``).
+    ``__file__`` and ``__name__`` are the trusted side's (the staged submission file)."""
+
+    __slots__ = ("__file__", "__name__")
+
+    def __init__(self, sandbox: Sandbox, path: Path, name: str, server: int = 0):
+        super().__init__(sandbox, 0, name, ["builtins.module"], -1, None, False, server)
+        object.__setattr__(self, "__file__", str(path))
+        object.__setattr__(self, "__name__", name)
+
+    def __getattr__(self, name):
+        if name.startswith("__") and name.endswith("__"):
+            raise AttributeError(name)
+        value, _ = self._sandbox.send({"op": "getattr", "module": True}, {"name": name}, f"impl.{name}",
+                                      server=self._server)
+        return value
+
+    def __setattr__(self, name, value):
+        raise TypeError(f"cannot set impl.{name} under --sandbox worker (the implementation lives in another "
+                        f"process); use a harness.sandbox helper")
+
+    def __repr__(self):
+        return f"<sandboxed module {self.__name__} from {self.__file__}>"
+
+
+def is_remote(obj) -> bool:
+    return isinstance(obj, RemoteObject)
+
+
+# --- probes: one call path for both modes -------------------------------------------------------
+
+@dataclasses.dataclass
+class Measurement:
+    """What :func:`measure` saw during one call. Allocation fields as in
+    ``harness.alloc.AllocationTracker`` (elements, bytes); ``ops``: ATen op names;
+    ``flops``: ``torch.utils.flop_counter`` total (None unless asked); ``comm``: the
+    communication counter's report (multi-rank, when asked); ``wall_s``: seconds of
+    the call measured by the grader; ``peak_rss_bytes``: the worker's peak resident
+    memory during the call from /proc (None in-process); ``cpu_s``: the worker's CPU
+    seconds during the call from /proc (None in-process). Allocation, ops, FLOPs and
+    comm are counted next to the implementation; wall, RSS and CPU time from outside."""
+
+    max_numel: int = 0
+    max_bytes: int = 0
+    total_bytes: int = 0
+    largest: str = ""
+    ops: set = dataclasses.field(default_factory=set)
+    flops: int | None = None
+    forbidden_called: list = dataclasses.field(default_factory=list)
+    wall_s: float = 0.0
+    peak_rss_bytes: int | None = None
+    first_nonfinite: str = ""  # with nonfinite=True: the first op that produced NaN/Inf
+    comm: dict | None = None
+    cpu_s: float | None = None
+
+
+def _num(extra, key):
+    v = extra.get(key)
+    return int(v) if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) else 0
+
+
+def measurement_from(extra: dict, wall: float, peak=None, cpu=None) -> Measurement:
+    """A Measurement from a probe's figures (a worker's claims, checked for type)."""
+    flops = extra.get("flops")
+    ops = extra.get("ops")
+    forbidden = extra.get("forbidden")
+    comm = extra.get("comm")
+    return Measurement(max_numel=_num(extra, "max_numel"), max_bytes=_num(extra, "max_bytes"),
+                       total_bytes=_num(extra, "total_bytes"), largest=str(extra.get("largest", ""))[:300],
+                       ops={str(o)[:100] for o in ops[:10000]} if isinstance(ops, list) else set(),
+                       flops=int(flops) if isinstance(flops, (int, float)) and not isinstance(flops, bool) else None,
+                       forbidden_called=[str(x)[:200] for x in forbidden][:20] if isinstance(forbidden, list) else [],
+                       wall_s=wall, peak_rss_bytes=peak, first_nonfinite=str(extra.get("nonfinite") or "")[:300],
+                       comm=_comm_report(comm) if comm is not None else None, cpu_s=cpu)
+
+
+def _comm_report(c) -> dict:
+    if not isinstance(c, dict):
+        return {"forbidden": ["<malformed report>"], "collectives": {}, "sent_bytes": 1 << 62}
+    out = {k: _num(c, k) for k in ("sent_msgs", "sent_bytes", "sent_elems", "recv_msgs", "recv_bytes",
+                                   "collective_elems")}
+    cols = c.get("collectives")
+    out["collectives"] = {str(k)[:60]: _num(cols, k) for k in list(cols)[:50]} if isinstance(cols, dict) else {}
+    fb = c.get("forbidden")
+    out["forbidden"] = [str(x)[:60] for x in fb][:50] if isinstance(fb, list) else []
+    return out
+
+
+def _rss_reset(pid):
+    if pid:
+        with contextlib.suppress(OSError):
+            Path(f"/proc/{pid}/clear_refs").write_text("5")
+
+
+def _rss_peak(pid) -> int | None:
+    if not pid:
+        return None
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        return None
+    return None
+
+
+def _cpu_seconds(pid) -> float | None:
+    """utime + stime of ``pid`` (all its threads) from /proc/<pid>/stat."""
+    if not pid:
+        return None
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def _target_of(values: dict):
+    for key in ("target", "fn"):
+        if isinstance(values.get(key), RemoteObject):
+            return values[key]
+    return next((v for v in values.values() if isinstance(v, RemoteObject)), None)
+
+
+def _local_views(x):
+    """In-process, a ``View`` becomes the view itself (over the caller's base)."""
+    if type(x) is View:
+        out = x.base.as_strided(x.shape, x.stride, x.base.storage_offset() + x.offset)
+        wire.VIEW_BASES[id(out)] = (out, x.base)
+        return out
+    if isinstance(x, (list, tuple)):
+        return type(x)(_local_views(y) for y in x)
+    if isinstance(x, dict):
+        return {k: _local_views(v) for k, v in x.items()}
+    return x
+
+
+def run_probe(name: str, *, what: str = "", timeout: float | None = None, max_bytes: int | None = None,
+              **values):
+    """Run probe ``name`` where its target lives. Returns ``(value, figures, outside)``:
+    ``outside`` holds the grader's own figures (``wall_s``, and for a worker its
+    ``peak_rss_bytes`` and ``cpu_s``)."""
+    target = _target_of(values)
+    if target is None:
+        module = next((inspect.getmodule(v) for v in values.values() if inspect.getmodule(v) is not None), None)
+        t0 = time.perf_counter()
+        try:
+            value, figures = probes.PROBES[name](module, **_local_views(values))
+        finally:
+            wire.VIEW_BASES.clear()
+        return value, figures, {"wall_s": time.perf_counter() - t0, "peak_rss_bytes": None, "cpu_s": None}
+    sb, server = target._sandbox, target._server
+    w = sb.ensure()
+    pid = w.pid_of_server(server)
+    _rss_reset(pid)
+    cpu0 = _cpu_seconds(pid)
+    t0 = time.perf_counter()
+    op = {"op": "probe", "name": name, "keys": list(values)}
+    value, figures = sb.send(op, {"v_" + k: v for k, v in values.items()}, what or f"{name} of {target._short}",
+                             server=server, timeout=timeout, max_bytes=max_bytes)
+    wall = time.perf_counter() - t0
+    cpu1 = _cpu_seconds(pid)
+    return value, figures, {"wall_s": wall, "peak_rss_bytes": _rss_peak(pid),
+                            "cpu_s": None if cpu0 is None or cpu1 is None else cpu1 - cpu0}
+
+
+def measure(fn, *args, alloc: bool = True, ops: bool = True, flops: bool = False, forbid: Iterable[str] = (),
+            no_grad: bool = False, nonfinite: bool = False, reason: str = "the contract forbids it",
+            timeout: float | None = None, **kwargs):
+    """Call ``fn(*args, **kwargs)`` next to the implementation and measure it.
+
+    Returns ``(out, Measurement)``. ``alloc``/``ops``: an AllocationTracker around
+    the call; ``flops``: a FlopCounterMode; ``forbid``: dotted names (e.g.
+    ``torch.nn.functional.scaled_dot_product_attention``) patched to raise
+    AssertionError during the call, in their home module and in the implementation
+    module's globals (a call is also recorded in ``forbidden_called``, even if the
+    implementation swallows the error); ``no_grad``: run under ``torch.no_grad()``;
+    ``nonfinite``: record the first op whose floating output held NaN/Inf;
+    ``timeout``: seconds before the call is stopped (default: the lab's call limit).
+    ``fn`` is an implementation function, class, method or handle (``impl.f``,
+    ``obj.method``, ``obj``). The measurement's own keyword arguments cannot be
+    passed through to ``fn``."""
+    opts = {"alloc": alloc, "ops": ops, "flops": flops, "forbid": list(forbid), "no_grad": no_grad,
+            "reason": reason, "nonfinite": nonfinite}
+    out, figures, outside = run_probe("measure", target=fn, args=list(args), kwargs=kwargs, opts=opts,
+                                      what=f"measuring {getattr(fn, '_short', getattr(fn, '__name__', 'a call'))}",
+                                      timeout=timeout)
+    return out, measurement_from(figures, outside["wall_s"], outside["peak_rss_bytes"], outside["cpu_s"])
+
+
+class VJP(tuple):
+    """``(out, grads)``; ``.measurement``: the backward's Measurement when asked for."""
+
+    measurement: Measurement | None = None
+
+    def __new__(cls, out, grads, measurement=None):
+        self = super().__new__(cls, (out, grads))
+        self.measurement = measurement
+        return self
+
+    @property
+    def out(self):
+        return self[0]
+
+    @property
+    def grads(self):
+        return self[1]
+
+
+def vjp(fn, args: tuple, grad_outputs=None, *, kwargs: dict | None = None, requires_grad: tuple | None = None,
+        forbid: Iterable[str] = (), measure_backward: bool = False, reason: str = "the contract forbids it") -> VJP:
+    """Forward ``out = fn(*args, **kwargs)`` then ``torch.autograd.backward(out, grad_outputs)``,
+    next to the implementation. Returns ``VJP (out, grads)``: ``out`` detached, ``grads`` one
+    entry per positional argument (its ``.grad``, or None when it does not require grad).
+
+    ``requires_grad``: one bool per positional argument (default: each tensor's own
+    ``requires_grad``). ``grad_outputs``: a tensor or a tuple matching the output's
+    tensors (None: a scalar output). Gradients also accumulate into the parameters
+    of a module handle (read them with :func:`param_grads`). ``forbid`` as in
+    :func:`measure`, around forward and backward. ``measure_backward``: an
+    AllocationTracker around the backward only (``result.measurement``). Raises
+    AssertionError when no output requires grad. The caller's tensors are never
+    modified (the backward runs on aliases or copies)."""
+    rg = list(requires_grad) if requires_grad is not None else \
+        [isinstance(a, torch.Tensor) and a.requires_grad for a in args]
+    opts = {"requires_grad": rg, "forbid": list(forbid), "measure_backward": measure_backward, "reason": reason}
+    value, figures, outside = run_probe(
+        "vjp", target=fn, args=[a.detach() if isinstance(a, torch.Tensor) else a for a in args],
+        kwargs=kwargs or {}, grad_outputs=grad_outputs, opts=opts,
+        what=f"autograd through {getattr(fn, '_short', getattr(fn, '__name__', 'a call'))}")
+    if not (isinstance(value, tuple) and len(value) == 2 and isinstance(value[1], tuple) and len(value[1]) == len(args)):
+        raise SandboxError("the implementation's process sent a malformed autograd answer")
+    for g in value[1]:
+        if g is not None and type(g) is not torch.Tensor:
+            raise AssertionError(f"a gradient is a {type(g).__name__}, not a tensor")
+    m = measurement_from(figures, outside["wall_s"], outside["peak_rss_bytes"], outside["cpu_s"]) \
+        if measure_backward else None
+    return VJP(value[0], value[1], m)
+
+
+def param_grads(module) -> dict:
+    """``{name: grad or None}`` of ``module.named_parameters()`` (after :func:`vjp`)."""
+    value, _, _ = run_probe("param_grads", target=module, what="reading parameter gradients")
+    if not isinstance(value, dict):
+        raise SandboxError("malformed parameter gradients")
+    return value
+
+
+def saved_tensors(fn, args: tuple, kwargs: dict | None = None) -> tuple:
+    """``(out, [tensors saved for backward by out.grad_fn])`` of ``fn(*args)`` with the
+    tensor arguments requiring grad as given (see :func:`vjp`)."""
+    rg = [isinstance(a, torch.Tensor) and a.requires_grad for a in args]
+    value, _, _ = run_probe("saved_tensors", target=fn,
+                            args=[a.detach() if isinstance(a, torch.Tensor) else a for a in args],
+                            kwargs=kwargs or {}, opts={"requires_grad": rg})
+    if not (isinstance(value, tuple) and len(value) == 2 and isinstance(value[1], list)):
+        raise SandboxError("malformed saved tensors")
+    return value
+
+
+def gradcheck(fn, inputs: tuple, kwargs: dict | None = None, *, eps: float = 1e-6, atol: float = 1e-5,
+              rtol: float = 1e-3, probes: int = 3, seed: int = 0) -> bool:
+    """Check ``fn``'s backward against finite differences, in the grader's process.
+
+    For ``probes`` random input directions ``u`` and output cotangents ``w`` (float64,
+    from ``seed``): the backward's ``sum_i <grad_i, u_i>`` (:func:`vjp` with ``w``) must
+    match the central difference ``<w, (f(x + eps u) - f(x - eps u)) / (2 eps)>``
+    within ``atol + rtol * |difference|``. Every number is computed here from
+    returned values, so a submission that patches torch inside the worker (e.g.
+    ``torch.allclose``, which ``torch.autograd.gradcheck`` uses) cannot pass it.
+    ``inputs``: float64 tensors."""
+    kwargs = kwargs or {}
+    g = torch.Generator().manual_seed(seed)
+    xs = [a.detach().to(torch.float64) for a in inputs]
+    base = fn(*xs, **kwargs)
+    if type(base) is not torch.Tensor:
+        return False
+    for _ in range(probes):
+        us = [torch.randn(x.shape, generator=g, dtype=torch.float64) for x in xs]
+        w = torch.randn(base.shape, generator=g, dtype=torch.float64)
+        _, grads = vjp(fn, tuple(x.clone().requires_grad_(True) for x in xs), w, kwargs=kwargs)
+        if any(gr is None or type(gr) is not torch.Tensor or gr.shape != x.shape for gr, x in zip(grads, xs)):
+            return False
+        analytic = sum(float((gr.to(torch.float64) * u).sum()) for gr, u in zip(grads, us))
+        plus = fn(*[x + eps * u for x, u in zip(xs, us)], **kwargs)
+        minus = fn(*[x - eps * u for x, u in zip(xs, us)], **kwargs)
+        if type(plus) is not torch.Tensor or type(minus) is not torch.Tensor or plus.shape != base.shape:
+            return False
+        numeric = float((w * (plus.to(torch.float64) - minus.to(torch.float64))).sum()) / (2 * eps)
+        if not math.isfinite(analytic) or abs(analytic - numeric) > atol + rtol * abs(numeric):
+            return False
+    return True
+
+
+def is_instance(obj, cls: type) -> bool:
+    """``isinstance(obj, cls)`` for a local object or a handle (by the class's dotted name,
+    as reported by the worker)."""
+    if isinstance(obj, RemoteObject):
+        want = {f"{c.__module__}.{c.__qualname__}" for c in (cls if isinstance(cls, tuple) else (cls,))}
+        return bool(want & set(obj._mro))
+    return isinstance(obj, cls)
+
+
+def source(impl) -> str:
+    """Source text of the implementation module (read by the grader from the submitted file)."""
+    if isinstance(impl, RemoteModule):
+        return Path(impl.__file__).read_text()
+    return inspect.getsource(impl)
+
+
+def held_storages(obj) -> dict:
+    """``{data_ptr: nbytes}`` of the distinct storages behind the tensors ``obj``'s
+    attributes hold (also in lists, tuples, dicts). Pointers are the worker's."""
+    return run_probe("storages", target=obj)[0]
+
+
+def held_bytes(obj) -> list:
+    """Copies (uint8) of every byte of every storage behind ``obj``'s tensors."""
+    return run_probe("raw_bytes", target=obj)[0]
+
+
+def fill_held_nan(obj) -> None:
+    """Fill every floating tensor ``obj``'s attributes hold with NaN, in place."""
+    run_probe("fill_nan", target=obj)
+
+
+def call_views(owner, fn, *args, **kwargs) -> tuple:
+    """``(fn(*args, **kwargs), flags)``: one bool per output tensor, True when it is a
+    view of a storage ``owner`` holds (checked next to the implementation)."""
+    return run_probe("call_views", target=owner, fn=fn, args=list(args), kwargs=kwargs)[0]
+
+
+def reachable_bytes(obj, exclude=()) -> dict:
+    """``{"total", "largest"}``: bytes of every tensor storage reachable from ``obj``,
+    except those of the tensors in ``exclude`` and their gradients."""
+    return run_probe("reachable_bytes", target=obj, exclude=list(exclude))[0]
+
+
+@contextlib.contextmanager
+def watch_storages(impl, cls_name: str, method: str):
+    """While active, every ``impl.<cls_name>`` created (by the grader or inside the
+    implementation) is checked after each ``method`` call: the storages it holds must
+    be those it allocated in ``__init__``. Yields a dict filled on exit:
+    ``created`` (instances made), ``violations`` (calls after which storage changed)."""
+    report: dict = {}
+    if isinstance(impl, RemoteObject):
+        run_probe("watch_begin", target=impl, cls_name=cls_name, method=method)
+    else:
+        probes.probe_watch_begin(impl, impl, cls_name, method)
+    try:
+        yield report
+    finally:
+        got = run_probe("watch_end", target=impl, cls_name=cls_name)[0] if isinstance(impl, RemoteObject) \
+            else probes.probe_watch_end(impl, impl, cls_name)[0]
+        report.update(got if isinstance(got, dict) else {})

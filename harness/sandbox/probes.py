@@ -1,0 +1,486 @@
+"""Probes: every measurement of student code, written once, run where the object lives.
+
+A probe is a function ``probe(module, **values) -> (value, figures)``: ``module``
+is the implementation module (whose globals ``forbid`` also patches), ``values``
+are live objects (decoded tensors, handles resolved to the objects they name),
+``value`` goes back by value (or as handles), ``figures`` is plain JSON.
+
+Under ``--sandbox worker`` (``labs grade``) the worker's request loop
+(``harness.sandbox.server``) runs them next to the submission, in the sandbox;
+in a local run (``--sandbox none``) ``harness.sandbox.client`` calls the same
+functions in-process. Graders never call this module: they use the client's
+functions (``measure``, ``vjp``, ``timed``, ...), which dispatch here.
+
+What a probe reports about a submission's own objects comes from the process the
+submission runs in, so the trusted side treats figures as claims: it recomputes
+values itself, and cross-checks figures from outside (wall clock, peak RSS, CPU
+time, loopback bytes) where the contract grades them.
+"""
+from __future__ import annotations
+
+import contextlib
+import datetime
+import importlib
+import time
+
+import torch
+
+# Bound before any submission is imported (a submission that rebinds the module's
+# attributes later does not change what the probes call).
+_perf_counter = time.perf_counter
+_monotonic = time.monotonic
+
+
+def note(msg: str) -> None:
+    """Where a rank is (shown when a multi-rank run times out); the server replaces it."""
+
+
+# --- plumbing shared by the probes --------------------------------------------------------------
+
+def flat(x):
+    if isinstance(x, (tuple, list)):
+        for y in x:
+            yield from flat(y)
+    else:
+        yield x
+
+
+def detach_tree(x):
+    if isinstance(x, torch.Tensor):
+        return x.detach()
+    if isinstance(x, (tuple, list)):
+        return type(x)(detach_tree(y) for y in x)
+    if isinstance(x, dict):
+        return {k: detach_tree(v) for k, v in x.items()}
+    return x
+
+
+@contextlib.contextmanager
+def forbid(names, module, reason: str, seen: list):
+    """Patch each dotted name in ``names`` to raise AssertionError while active: in its
+    home module and in ``module``'s globals where bound by name. Every call is recorded
+    in ``seen`` even if the caller swallows the error."""
+    patches = []
+    for target in names:
+        mod_name, attr = target.rsplit(".", 1)
+        home = importlib.import_module(mod_name)
+        original = getattr(home, attr)
+
+        def forbidden(*a, _t=target, **k):
+            seen.append(_t)
+            raise AssertionError(f"called {_t}: {reason}")
+        patches.append((home, attr, original, forbidden))
+        if module is not None:
+            for name, value in list(vars(module).items()):
+                if value is original:
+                    patches.append((module, name, original, forbidden))
+    try:
+        for obj, attr, _, new in patches:
+            setattr(obj, attr, new)
+        yield
+    finally:
+        for obj, attr, old, _ in reversed(patches):
+            setattr(obj, attr, old)
+
+
+# --- communication counter (multi-rank labs) ----------------------------------------------------
+
+P2P = ("send", "recv", "isend", "irecv", "batch_isend_irecv")
+COLLECTIVES = ("all_reduce", "all_reduce_coalesced", "reduce_scatter", "reduce_scatter_tensor",
+               "reduce_scatter_single", "_reduce_scatter_base", "all_gather", "all_gather_into_tensor",
+               "all_gather_single", "_all_gather_base", "all_gather_coalesced", "all_gather_object",
+               "broadcast", "broadcast_object_list",
+               "reduce", "gather", "gather_object", "scatter", "scatter_object_list", "all_to_all",
+               "all_to_all_single", "barrier", "monitored_barrier")
+DATA_COLLECTIVES = tuple(c for c in COLLECTIVES if c not in ("barrier", "monitored_barrier"))
+
+
+def _nbytes(t) -> int:
+    return t.numel() * t.element_size() if isinstance(t, torch.Tensor) else 0
+
+
+def _numel_list(x) -> int:
+    if isinstance(x, torch.Tensor):
+        return x.numel()
+    if isinstance(x, (list, tuple)):
+        return sum(_numel_list(y) for y in x)
+    return 0
+
+
+class CommCounter:
+    """Count point-to-point messages/bytes and collective calls in this rank while active.
+
+    ``forbid``: collective names (from ``COLLECTIVES``) that raise ``AssertionError``
+    when called (recorded even if swallowed). Bytes are ``numel * element_size`` of
+    the tensors passed; ``collective_elems`` adds, per collective call, the elements
+    of its largest tensor argument. Patches ``torch.distributed``,
+    ``torch.distributed.distributed_c10d`` and names the implementation module bound
+    with ``from torch.distributed import ...``."""
+
+    def __init__(self, forbid=(), modules=()):
+        self.forbid = set(forbid)
+        unknown = self.forbid - set(COLLECTIVES) - set(P2P)
+        if unknown:
+            raise ValueError(f"forbid: unknown names {sorted(unknown)}")
+        self.modules = [m for m in modules if m is not None]
+        self.sent_msgs = self.sent_bytes = self.sent_elems = self.recv_msgs = self.recv_bytes = 0
+        self.collectives: dict[str, int] = {}
+        self.collective_elems = 0
+        self.forbidden: list[str] = []
+        self._patches = []
+        self._depth = 0  # > 0 inside a collective: its internal calls are not counted again
+
+    def report(self) -> dict:
+        return {"sent_msgs": self.sent_msgs, "sent_bytes": self.sent_bytes, "sent_elems": self.sent_elems,
+                "recv_msgs": self.recv_msgs, "recv_bytes": self.recv_bytes,
+                "collectives": dict(self.collectives), "collective_elems": self.collective_elems,
+                "forbidden": list(self.forbidden)}
+
+    def _wrap(self, name, original):
+        counter = self
+        if name in ("send", "isend", "recv", "irecv"):
+            sending = name in ("send", "isend")
+
+            def wrapper(tensor, *a, **k):
+                if counter._depth == 0:
+                    if sending:
+                        counter.sent_msgs += 1
+                        counter.sent_bytes += _nbytes(tensor)
+                        counter.sent_elems += tensor.numel() if isinstance(tensor, torch.Tensor) else 0
+                    else:
+                        counter.recv_msgs += 1
+                        counter.recv_bytes += _nbytes(tensor)
+                peer = k.get("dst", k.get("group_dst")) if sending else k.get("src", k.get("group_src"))
+                peer = peer if peer is not None else (a[0] if a else "?")
+                note(f"in {name}({'dst' if sending else 'src'}={peer}, {_nbytes(tensor)} bytes) "
+                     f"since t={time.time():.1f}")
+                out = original(tensor, *a, **k)
+                note(f"returned from {name}({'dst' if sending else 'src'}={peer})")
+                return out
+        elif name == "batch_isend_irecv":
+            def wrapper(p2p_op_list, *a, **k):  # bytes are counted by the isend/irecv it calls
+                note(f"in batch_isend_irecv({len(p2p_op_list)} ops)")
+                return original(p2p_op_list, *a, **k)
+        else:
+            def wrapper(*a, **k):
+                if counter._depth == 0:  # a deprecated name calling its successor counts once
+                    counter.collectives[name] = counter.collectives.get(name, 0) + 1
+                    counter.collective_elems += max([_numel_list(x) for x in list(a) + list(k.values())] or [0])
+                if name in counter.forbid:
+                    counter.forbidden.append(name)
+                    raise AssertionError(f"called torch.distributed.{name}: the contract forbids collectives "
+                                         f"here (point-to-point send/recv only)")
+                note(f"in {name} since t={time.time():.1f}")
+                counter._depth += 1
+                try:
+                    out = original(*a, **k)
+                finally:
+                    counter._depth -= 1
+                note(f"returned from {name}")
+                return out
+        wrapper.__wrapped__ = original
+        return wrapper
+
+    def __enter__(self):
+        import torch.distributed as dist
+        import torch.distributed.distributed_c10d as c10d
+        for name in P2P + COLLECTIVES:
+            original = getattr(c10d, name, None) or getattr(dist, name, None)
+            if original is None:
+                continue
+            new = self._wrap(name, original)
+            for m in [dist, c10d] + self.modules:
+                for attr, value in list(vars(m).items()):
+                    if value is original:
+                        self._patches.append((m, attr, original))
+                        setattr(m, attr, new)
+        return self
+
+    def __exit__(self, *exc):
+        for m, attr, original in reversed(self._patches):
+            setattr(m, attr, original)
+        self._patches.clear()
+        return False
+
+
+# --- measure: allocations, ops, FLOPs, forbidden calls, communication ------------------------
+
+def _figures(tracker, counter, seen, comm) -> dict:
+    extra = {"forbidden": sorted(set(seen))}
+    if tracker is not None:
+        extra.update(max_numel=tracker.max_numel, max_bytes=tracker.max_bytes, total_bytes=tracker.total_bytes,
+                     largest=tracker.largest, ops=sorted(tracker.ops), nonfinite=tracker.first_nonfinite)
+    if counter is not None:
+        extra["flops"] = int(counter.get_total_flops())
+    if comm is not None:
+        extra["comm"] = comm.report()
+    return extra
+
+
+@contextlib.contextmanager
+def _watched(module, opts: dict):
+    """The measurement context of ``opts`` (see client.measure); yields a dict filled with figures."""
+    from harness.alloc import AllocationTracker
+    seen: list = []
+    box: dict = {}
+    tracker = counter = comm = None
+    with contextlib.ExitStack() as stack:
+        stack.enter_context(forbid(opts.get("forbid", []), module, opts.get("reason", "the contract forbids it"),
+                                   seen))
+        if opts.get("comm"):
+            comm = stack.enter_context(CommCounter(forbid=opts.get("comm_forbid", ()), modules=[module]))
+        if opts.get("no_grad"):
+            stack.enter_context(torch.no_grad())
+        if opts.get("flops"):
+            from torch.utils.flop_counter import FlopCounterMode
+            counter = stack.enter_context(FlopCounterMode(display=False))
+        if opts.get("alloc", True) or opts.get("ops", True) or opts.get("nonfinite"):
+            tracker = stack.enter_context(AllocationTracker(watch_nonfinite=bool(opts.get("nonfinite"))))
+        t0 = _perf_counter()
+        yield box
+        box["wall_in"] = _perf_counter() - t0
+    box.update(_figures(tracker, counter, seen, comm))
+
+
+def _base_of(x):
+    from .wire import VIEW_BASES
+    hit = VIEW_BASES.get(id(x))
+    return hit[1] if hit is not None and hit[0] is x else x
+
+
+def probe_measure(module, target, args, kwargs, opts):
+    """``target(*args, **kwargs)`` under the context ``opts`` asks for. With
+    ``opts["return_args"]`` the value is ``{"out", "args", "same"}``: the arguments
+    after the call (a ``View`` argument as its base) and, per argument, whether the
+    output is that very object (in-place contracts)."""
+    with _watched(module, opts) as box:
+        out = target(*args, **kwargs)
+    if opts.get("return_args"):
+        out = {"out": out, "args": [_base_of(a) for a in args], "same": [out is a for a in args]}
+    return out, box
+
+
+def probe_vjp(module, target, args, kwargs, grad_outputs, opts):
+    """Forward then ``torch.autograd.backward`` with ``grad_outputs``; value ``(out, grads)``."""
+    from harness.alloc import AllocationTracker
+    rg = opts.get("requires_grad", [])
+    leaves = []
+    for i, a in enumerate(args):
+        if isinstance(a, torch.Tensor):
+            a = a.detach()
+            if i < len(rg) and rg[i]:
+                a.requires_grad_(True)
+        leaves.append(a)
+    seen: list = []
+    figures: dict = {}
+    with forbid(opts.get("forbid", []), module, opts.get("reason", "the contract forbids it"), seen):
+        out = target(*leaves, **kwargs)
+        outs = [t for t in flat(out) if isinstance(t, torch.Tensor)]
+        g = [x for x in flat(grad_outputs) if isinstance(x, torch.Tensor)] if grad_outputs is not None else None
+        pairs = [(o, gg) for o, gg in zip(outs, g or [None] * len(outs)) if o.requires_grad]
+        if not pairs:
+            raise AssertionError("the output does not require grad: no autograd graph reaches the inputs "
+                                 "(detached, computed under no_grad, or not built from them)")
+        tracker = AllocationTracker() if opts.get("measure_backward") else None
+        with tracker if tracker is not None else contextlib.nullcontext():
+            torch.autograd.backward([o for o, _ in pairs], [x for _, x in pairs] if g is not None else None)
+        if tracker is not None:
+            figures = _figures(tracker, None, seen, None)
+    grads = tuple(a.grad if isinstance(a, torch.Tensor) and a.requires_grad else None for a in leaves)
+    figures["forbidden"] = sorted(set(seen))
+    return (detach_tree(out), grads), figures
+
+
+def probe_saved_tensors(module, target, args, kwargs, opts):
+    """``(out, [tensors saved for backward by out.grad_fn])``."""
+    rg = opts.get("requires_grad", [])
+    leaves = [a.detach().requires_grad_(True) if isinstance(a, torch.Tensor) and i < len(rg) and rg[i]
+              else a for i, a in enumerate(args)]
+    out = target(*leaves, **kwargs)
+    saved = list(getattr(getattr(out, "grad_fn", None), "saved_tensors", ()) or ())
+    return (out.detach() if isinstance(out, torch.Tensor) else out, [t.detach() for t in saved]), {}
+
+
+def probe_param_grads(module, target):
+    return {n: (None if p.grad is None else p.grad.detach().clone()) for n, p in target.named_parameters()}, {}
+
+
+# --- object introspection ------------------------------------------------------------------------
+
+def held_tensors(obj):
+    """Tensors held by ``obj``'s attributes (also inside lists, tuples and dicts, 3 levels)."""
+    found = []
+
+    def visit(x, d):
+        if isinstance(x, torch.Tensor):
+            found.append(x)
+        elif d < 3 and isinstance(x, (list, tuple)):
+            for y in x:
+                visit(y, d + 1)
+        elif d < 3 and isinstance(x, dict):
+            for y in x.values():
+                visit(y, d + 1)
+
+    for value in vars(obj).values():
+        visit(value, 0)
+    return found
+
+
+def _storages(obj):
+    return {int(t.untyped_storage().data_ptr()): int(t.untyped_storage().nbytes()) for t in held_tensors(obj)}
+
+
+def probe_storages(module, target):
+    return _storages(target), {}
+
+
+def probe_raw_bytes(module, target):
+    return [torch.empty(0, dtype=torch.uint8, device=t.device).set_(t.untyped_storage()).clone()
+            for t in held_tensors(target)], {}
+
+
+def probe_fill_nan(module, target):
+    for t in held_tensors(target):
+        if t.is_floating_point():
+            t.fill_(float("nan"))
+    return None, {}
+
+
+def probe_call_views(module, target, fn, args, kwargs):
+    """``(out, [output tensor i is a view of a storage target holds])``."""
+    ptrs = set(_storages(target))
+    out = fn(*args, **kwargs)
+    flags = [int(t.untyped_storage().data_ptr()) in ptrs for t in flat(out) if isinstance(t, torch.Tensor)]
+    return (out, flags), {}
+
+
+_WATCH: dict = {}
+
+
+def probe_watch_begin(module, target, cls_name, method):
+    """Replace ``module.<cls_name>`` by a subclass that records, for every instance, the
+    storages held after ``__init__`` and flags a ``method`` call after which they changed."""
+    module = target
+    base = getattr(module, cls_name)
+    report = {"created": 0, "violations": []}
+
+    class Watched(base):
+        def __init__(self, *a, **k):
+            super().__init__(*a, **k)
+            self._labs_ptrs = set(_storages(self)) - {None}
+            report["created"] += 1
+
+        def _labs_check(self, where):
+            now = set(_storages(self)) - {None}
+            if now != self._labs_ptrs and len(report["violations"]) < 5:
+                report["violations"].append(where)
+
+    def wrapped(self, *a, _m=getattr(base, method), **k):
+        out = _m(self, *a, **k)
+        Watched._labs_check(self, f"{method}({', '.join(repr(x) for x in a if isinstance(x, (int, str)))})"
+                                  f" at seq_len {getattr(self, 'seq_len', '?')}")
+        return out
+
+    setattr(Watched, method, wrapped)
+    Watched.__name__ = Watched.__qualname__ = base.__name__
+    _WATCH[id(module), cls_name] = (base, report)
+    setattr(module, cls_name, Watched)
+    return None, {}
+
+
+def probe_watch_end(module, target, cls_name):
+    module = target
+    base, report = _WATCH.pop((id(module), cls_name))
+    setattr(module, cls_name, base)
+    return dict(report), {}
+
+
+def probe_reachable_bytes(module, target, exclude):
+    """Bytes of every tensor storage reachable from ``target`` (attributes, slots, dicts,
+    lists, ...), except storages shared with the tensors in ``exclude`` or their grads.
+    Value ``{"total": bytes, "largest": description}``."""
+    skip_ptrs = set()
+    for p in exclude:
+        skip_ptrs.add(p.untyped_storage().data_ptr())
+        if p.grad is not None:
+            skip_ptrs.add(p.grad.untyped_storage().data_ptr())
+    seen_obj, seen_storage = set(), set()
+    total, largest = 0, (0, "")
+    stack = [(target, "opt")]
+    skip_types = (type, type(contextlib), type(len), type(held_tensors))
+    while stack:
+        obj, path = stack.pop()
+        if id(obj) in seen_obj or isinstance(obj, skip_types) or isinstance(obj, (str, bytes, int, float, bool)):
+            continue
+        seen_obj.add(id(obj))
+        if isinstance(obj, torch.Tensor):
+            st = obj.untyped_storage()
+            key = st.data_ptr()
+            if key in skip_ptrs or key in seen_storage or st.nbytes() == 0:
+                continue
+            seen_storage.add(key)
+            total += st.nbytes()
+            if st.nbytes() > largest[0]:
+                largest = (st.nbytes(), f"{path}: {tuple(obj.shape)} {obj.dtype}, storage {st.nbytes()} bytes")
+            continue
+        if isinstance(obj, dict):
+            for k, v in obj.items():
+                stack.append((k, f"{path}[key]"))
+                stack.append((v, f"{path}[{k!r}]" if isinstance(k, (str, int)) else f"{path}[..]"))
+        elif isinstance(obj, (list, tuple, set, frozenset)):
+            for i, v in enumerate(obj):
+                stack.append((v, f"{path}[{i}]"))
+        else:
+            d = getattr(obj, "__dict__", None)
+            if isinstance(d, dict):
+                for k, v in d.items():
+                    stack.append((v, f"{path}.{k}"))
+            for k in getattr(type(obj), "__slots__", ()):
+                if isinstance(k, str) and hasattr(obj, k):
+                    stack.append((getattr(obj, k), f"{path}.{k}"))
+    return {"total": total, "largest": largest[1]}, {}
+
+
+# --- process groups (multi-rank labs; the ranks run these, never a grader's code) ---------------
+
+def probe_init_pg(module, rank, world_size, backend, store_path, timeout_s):
+    """Join a fresh process group through a ``FileStore`` in the sandbox's private /tmp."""
+    import torch.distributed as dist
+    store = dist.FileStore(store_path, world_size)
+    if backend == "nccl":
+        torch.cuda.set_device(rank)
+    dist.init_process_group(backend, store=store, rank=rank, world_size=world_size,
+                            timeout=datetime.timedelta(seconds=timeout_s))
+    dist.barrier(device_ids=[rank]) if backend == "nccl" else dist.barrier()
+    note("process group ready")
+    return None, {}
+
+
+def probe_destroy_pg(module):
+    import torch.distributed as dist
+    if dist.is_initialized():
+        dist.destroy_process_group()
+    return None, {}
+
+
+def probe_new_groups(module, members):
+    """``dist.new_group(m)`` for each member list, in order (every rank calls it);
+    value: the groups this rank belongs to (None where it does not)."""
+    import torch.distributed as dist
+    rank = dist.get_rank()
+    out = []
+    for m in members:
+        g = dist.new_group(list(m))
+        out.append(g if rank in m else None)
+    return out, {}
+
+
+def probe_keep(module, value):
+    """Keep ``value`` (e.g. a tensor that must stay in the worker between calls) and
+    answer with a handle to it."""
+    return value, {"keep": True}
+
+
+PROBES = {name.removeprefix("probe_"): fn for name, fn in dict(globals()).items()
+          if name.startswith("probe_") and callable(fn)}
+"""Every probe by name: the worker's ``probe`` op runs only these."""

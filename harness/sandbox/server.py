@@ -1,0 +1,266 @@
+"""The untrusted side: a launcher that isolates itself, then W servers that import one submission.
+
+Started by ``harness.sandbox.client.Worker`` as ``python -I -c "...server.main()"``
+(behind ``unshare --net --pid --mount`` where the host allows), in an empty
+temporary directory, with a scrubbed environment (no seed, no ``LABS_*``). Its
+first frame, ``init``, arrives on stdin (the control pipe). Then, still harness
+code:
+
+1. :func:`harness.sandbox.isolation.isolate`: private loopback, hidden paths,
+   fresh tmpfs, resource limits, another user;
+2. fds 0-2: stdin reads ``/dev/null``, stdout and stderr go to the log the grader
+   reads on a crash;
+3. the submitted source (sent in the frame: the staged file needs no access) is
+   written to ``impl/<module>.py``;
+4. one process is forked per channel (one for a single-process lab, W for the
+   ranks of a multi-rank lab: they share the private loopback and /tmp, so they
+   reach each other and nothing else); each imports the submission by path,
+   checks it against the stub's names and signatures, answers ``ready`` on its
+   own channel and serves requests until ``exit`` or EOF.
+
+The launcher itself stays behind to hold the namespaces; when the grader closes
+the control pipe it kills the servers and exits. Every answer is a plain value
+(see ``harness.sandbox.wire``) or a handle id; nothing a server says is trusted
+beyond being a value to check.
+"""
+from __future__ import annotations
+
+import ctypes
+import os
+import signal
+import sys
+import traceback
+
+from . import isolation, probes, wire
+
+
+class Server:
+    """One request loop next to the implementation module."""
+
+    def __init__(self, fd_in: int, fd_out: int, module):
+        self.reader = wire.Reader(fd_in)
+        self.fd_out = fd_out
+        self.module = module
+        self.handles: dict[int, object] = {}
+        self.ids: dict[int, int] = {}       # id(obj) -> handle
+        self.pinned: set[int] = set()
+        self.next_id = 1
+
+    # handles
+    def ref_of(self, obj, pinned=False):
+        key = id(obj)
+        rid = self.ids.get(key)
+        if rid is None or self.handles.get(rid) is not obj:
+            rid = self.next_id
+            self.next_id += 1
+            self.handles[rid] = obj
+            self.ids[key] = rid
+        if pinned:
+            self.pinned.add(rid)
+        cls = type(obj)
+        mro = [f"{c.__module__}.{c.__qualname__}" for c in getattr(cls, "__mro__", ())]
+        return {"t": "ref", "id": rid, "type": f"{cls.__module__}.{cls.__qualname__}", "mro": mro,
+                "callable": callable(obj), "pinned": rid in self.pinned}
+
+    def resolve(self, tree):
+        rid = tree.get("id")
+        if rid == 0:
+            return self.module
+        if rid not in self.handles:
+            raise LookupError(f"stale handle {rid}")
+        return self.handles[rid]
+
+    def dec(self, header, key, buffers):
+        return wire.decode(header.get(key), buffers, self.resolve)
+
+    def reply(self, value=None, extra=None, pinned=False, as_handle=False):
+        buffers: list = []
+        tree = self.ref_of(value, pinned) if as_handle else \
+            wire.encode(value, buffers, lambda o: self.ref_of(o, pinned))
+        wire.write_frame(self.fd_out, {"ok": True, "value": tree, "extra": extra or {}}, buffers)
+
+    def error(self, e: BaseException):
+        builtin = next((c.__name__ for c in type(e).__mro__ if c.__module__ == "builtins"), "RuntimeError")
+        frames = traceback.extract_tb(e.__traceback__)
+        own = {__file__, probes.__file__, wire.__file__}
+        while frames and frames[0].filename in own:  # the server's own frames
+            frames = traceback.StackSummary.from_list(frames[1:])
+        tb = "".join(traceback.format_list(frames[-10:]) + traceback.format_exception_only(type(e), e))
+        try:
+            msg = str(e)
+        except BaseException:
+            msg = "<unprintable>"
+        wire.write_frame(self.fd_out, {"ok": False, "error": {"type": type(e).__name__, "builtin": builtin,
+                                                               "msg": msg[:8000], "tb": tb[-3000:]}})
+
+    # requests
+    def serve(self):
+        while True:
+            try:
+                header, buffers = self.reader.read_frame()
+            except EOFError:
+                return
+            op = header.get("op")
+            if op == "exit":
+                return
+            try:
+                handler = getattr(self, "op_" + str(op), None)
+                if handler is None:
+                    raise ValueError(f"unknown op {op!r}")
+                handler(header, buffers)
+            except BaseException as e:  # SystemExit and KeyboardInterrupt from a submission included
+                try:
+                    self.error(e)
+                except BaseException:
+                    os._exit(70)
+            finally:
+                wire.VIEW_BASES.clear()
+
+    def op_reset(self, h, b):
+        self.handles = {k: v for k, v in self.handles.items() if k in self.pinned}
+        self.ids = {id(v): k for k, v in self.handles.items()}
+        self.reply(None)
+
+    def op_getattr(self, h, b):
+        name = self.dec(h, "name", b)
+        if h.get("module"):
+            self.reply(getattr(self.module, name), pinned=True)
+        else:
+            self.reply(getattr(self.dec(h, "target", b), name))
+
+    def op_setattr(self, h, b):
+        setattr(self.dec(h, "target", b), self.dec(h, "name", b), self.dec(h, "value", b))
+        self.reply(None)
+
+    def op_call(self, h, b):
+        fn, args, kwargs = self.dec(h, "target", b), self.dec(h, "args", b), self.dec(h, "kwargs", b)
+        self.reply(fn(*args, **kwargs))
+
+    def op_getitem(self, h, b):
+        self.reply(self.dec(h, "target", b)[self.dec(h, "key", b)])
+
+    def op_len(self, h, b):
+        self.reply(int(len(self.dec(h, "target", b))))
+
+    def op_iter(self, h, b):
+        items = []
+        for i, x in enumerate(self.dec(h, "target", b)):
+            if i >= 100000:
+                raise ValueError("more than 100000 items")
+            items.append(x)
+        self.reply(items)
+
+    def op_probe(self, h, b):
+        fn = probes.PROBES.get(str(h.get("name")))
+        if fn is None:
+            raise ValueError(f"unknown probe {h.get('name')!r}")
+        keys = h.get("keys", [])
+        if not isinstance(keys, list) or not all(isinstance(k, str) for k in keys):
+            raise ValueError("bad probe keys")
+        values = {k: self.dec(h, "v_" + k, b) for k in keys}
+        value, figures = fn(self.module, **values)
+        self.reply(value, {k: v for k, v in figures.items() if k != "keep"}, as_handle=bool(figures.get("keep")))
+
+
+def _note_writer(fd: int):
+    def write(msg: str) -> None:
+        data = msg.encode("utf-8", "replace")[:399]
+        try:
+            os.pwrite(fd, data + b"\0" * (400 - len(data)), 0)
+        except OSError:
+            pass
+    return write
+
+
+def _serve_rank(header: dict, channel: list, src_path: str, contract) -> None:
+    """In a forked child: import the submission, say ready on ``channel``, serve."""
+    from harness import impl as _impl
+    fd_in, fd_out, fd_note = channel
+    probes.note = _note_writer(fd_note)
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.prctl(isolation.PR_SET_PDEATHSIG, 9, 0, 0, 0)
+    try:
+        mod = _impl.load_module(src_path)
+    except _impl.ImplError as e:
+        wire.write_frame(fd_out, {"ok": False, "error": str(e), "student": True})
+        return
+    except BaseException as e:  # noqa: BLE001 - whatever the import raised is the student's
+        wire.write_frame(fd_out, {"ok": False, "error": f"importing {os.path.basename(src_path)} raised "
+                                                        f"{type(e).__name__}: {e}"[:4000], "student": True})
+        return
+
+    class _Lab:
+        api = list(header.get("api", []))
+    problems = _impl.check_api(mod, contract, _Lab)
+    wire.write_frame(fd_out, {"ok": True, "problems": problems})
+    Server(fd_in, fd_out, mod).serve()
+
+
+def main():
+    fd_ctl_in, fd_ctl_out = os.dup(0), os.dup(1)
+    reader = wire.Reader(fd_ctl_in)
+    header, _ = reader.read_frame()
+    try:
+        notes = isolation.isolate(header)
+        devnull = os.open(os.devnull, os.O_RDONLY)
+        os.dup2(devnull, 0)
+        os.dup2(2, 1)
+        os.close(devnull)
+        sys.stdin = open(os.devnull)
+        sys.stdout = os.fdopen(1, "w", buffering=1)
+        os.environ["GLOO_SOCKET_IFNAME"] = "lo"  # ranks meet on the private loopback
+        import torch  # noqa: F401  (before the submission: its import time is not the student's)
+        from harness import impl as _impl
+        os.makedirs("impl", exist_ok=True)
+        src_path = os.path.abspath(os.path.join("impl", header["module_filename"]))
+        with open(src_path, "w") as f:
+            f.write(header["module_source"])
+        contract = None
+        if header.get("stub_source") is not None:
+            os.makedirs("contract", exist_ok=True)
+            stub = os.path.abspath(os.path.join("contract", header["module_filename"]))
+            with open(stub, "w") as f:
+                f.write(header["stub_source"])
+            contract = _impl.load_module(stub)
+        channels = [list(map(int, c)) for c in header["channels"]]
+    except BaseException as e:  # noqa: BLE001 - before any student code: an infrastructure failure
+        wire.write_frame(fd_ctl_out, {"ok": False, "error": f"the sandbox could not start: "
+                                                            f"{type(e).__name__}: {e}"[:4000]})
+        return
+    pids = []
+    for i, channel in enumerate(channels):
+        pid = os.fork()
+        if pid == 0:  # pragma: no cover - child
+            code = 0
+            try:
+                for j, other in enumerate(channels):
+                    if j != i:
+                        for fd in other:
+                            os.close(fd)
+                os.close(fd_ctl_in)
+                os.close(fd_ctl_out)
+                _serve_rank(header, channel, src_path, contract)
+            except BaseException:  # noqa: BLE001
+                code = 70
+            finally:
+                os._exit(code)
+        pids.append(pid)
+    for channel in channels:
+        for fd in channel:
+            os.close(fd)
+    wire.write_frame(fd_ctl_out, {"ok": True, "notes": notes, "servers": len(pids)})
+    try:  # hold the namespaces until the grader closes the control pipe
+        while True:
+            if not os.read(fd_ctl_in, 4096):
+                break
+    except OSError:
+        pass
+    for pid in pids:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except OSError:
+            pass
+
+
+if __name__ == "__main__":
+    main()
