@@ -200,14 +200,14 @@ def test_environment_is_scrubbed_and_user_dropped(impl, monkeypatch):
 
 
 def test_hidden_paths_and_network_are_out_of_reach(impl, toy):
-    if not sandbox._isolation_prefix() and os.geteuid() != 0:
+    if not sandbox.isolation.isolation_prefix() and os.geteuid() != 0:
         pytest.skip("no namespaces and no other user on this host")
     assert not impl.can_read(str(toy.hidden / "secret.txt"))
     listener = socket.socket()
     listener.bind(("127.0.0.1", 0))
     listener.listen(1)
     try:
-        if sandbox._isolation_prefix():
+        if sandbox.isolation.isolation_prefix():
             assert not impl.connect(listener.getsockname()[1])
     finally:
         listener.close()

@@ -33,6 +33,7 @@ import inspect
 import math
 import os
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -130,6 +131,18 @@ class _Channel:
             return os.pread(self.note.fileno(), 400, 0).split(b"\0", 1)[0].decode("utf-8", "replace")
         return ""
 
+    def exit_code(self, wait_s: float = 1.0) -> int | None:
+        """The server's exit status as its launcher recorded it (None if not (yet) known)."""
+        end = time.monotonic() + wait_s
+        while True:
+            with contextlib.suppress(OSError, ValueError):
+                raw = os.pread(self.note.fileno(), 32, 400).split(b"\0", 1)[0].decode()
+                if raw.startswith("exit "):
+                    return int(raw[5:])
+            if time.monotonic() >= end:
+                return None
+            time.sleep(0.02)
+
     def close(self):
         for fd in (self.req_w, self.rep_r):
             with contextlib.suppress(OSError):
@@ -177,6 +190,7 @@ class Worker:
         self.generation = 0
         self.workdir: str | None = None
         self._log = None
+        self._ctl: socket.socket | None = None
 
     # lifecycle
     def start(self) -> None:
@@ -193,17 +207,21 @@ class Worker:
         boot = (f"import sys; sys.argv[1:] = []; sys.path.insert(0, {harness_parent!r}); "
                 "from harness.sandbox.server import main; main()")
         self.channels = [_Channel() for _ in range(self.cfg.servers)]
-        fds = [fd for c in self.channels for fd in c.child_fds()]
+        # The control channel is a socket: the servers' pipes travel over it (SCM_RIGHTS) once the
+        # launcher runs, so no process between us and it (unshare) holds a copy that would hide an EOF.
+        ctl, ctl_child = socket.socketpair()
         cmd = isolation.isolation_prefix() + [sys.executable, "-I", "-c", boot]
         try:
-            self.proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self._log,
+            self.proc = subprocess.Popen(cmd, stdin=ctl_child.fileno(), stdout=ctl_child.fileno(), stderr=self._log,
                                          cwd=self.workdir, env=isolation.scrubbed_env(self.workdir),
-                                         start_new_session=True, close_fds=True, pass_fds=fds)
+                                         start_new_session=True, close_fds=True)
         except OSError as e:
+            ctl.close()
             self.kill()
             raise SandboxStartError(f"the sandbox could not start: {e}") from None
-        for c in self.channels:
-            c.after_start()
+        finally:
+            ctl_child.close()
+        self._ctl = ctl
         setup = {"op": "init", "uid": drop[0] if drop else None, "gid": drop[1] if drop else None,
                  "user": drop[2] if drop else None, "workdir": self.workdir,
                  "namespaces": bool(isolation.isolation_prefix()),
@@ -211,12 +229,15 @@ class Worker:
                  "nproc": self.cfg.nproc, "harness_parent": harness_parent,
                  "module_source": self.cfg.module_source, "module_filename": self.cfg.module_filename,
                  "stub_source": self.cfg.stub_source, "api": list(self.cfg.api),
-                 "cuda": torch.cuda.is_available(), "channels": [c.child_fds() for c in self.channels]}
+                 "cuda": torch.cuda.is_available(), "servers": len(self.channels)}
         deadline = time.monotonic() + self.cfg.start_timeout_s
-        ctl = wire.Reader(self.proc.stdout.fileno())
+        reader = wire.Reader(ctl.fileno())
         try:
-            wire.write_frame(self.proc.stdin.fileno(), setup)
-            reply, _ = ctl.read_frame(deadline)
+            wire.write_frame(ctl.fileno(), setup)
+            socket.send_fds(ctl, [b"F"], [fd for c in self.channels for fd in c.child_fds()])
+            for c in self.channels:
+                c.after_start()
+            reply, _ = reader.read_frame(deadline)
         except (TimeoutError, EOFError, OSError, WireError, ValueError) as e:
             tail = self.output_tail()
             self.kill()
@@ -273,13 +294,14 @@ class Worker:
                 self.proc.kill()
             with contextlib.suppress(Exception):
                 self.proc.wait(timeout=10)
-            for f in (self.proc.stdin, self.proc.stdout):
-                with contextlib.suppress(Exception):
-                    f.close()
             drop = isolation.worker_uid()
             if drop and drop[2] == "student" and not isolation.isolation_prefix():
                 isolation.kill_all_of_uid(drop[0])  # a dedicated uid: leftovers (setsid daemons) die too
         self.proc = None
+        if self._ctl is not None:
+            with contextlib.suppress(OSError):
+                self._ctl.close()
+            self._ctl = None
         for c in self.channels:
             c.close()
         if self.workdir:
@@ -318,9 +340,7 @@ class Worker:
             raise WorkerTimeout(f"the implementation did not answer within {timeout:.0f} s ({what}); its "
                                 f"process was stopped" + (f"; its last output:\n{tail}" if tail else "")) from None
         except (EOFError, BrokenPipeError, ConnectionResetError, OSError):
-            code = None
-            with contextlib.suppress(Exception):
-                code = self.proc.poll() if self.proc else None
+            code = c.exit_code()
             tail = self.output_tail()
             self.kill()
             raise WorkerCrashed(f"the implementation's process {_exit_reason(code)} ({what})"
