@@ -1,107 +1,60 @@
-"""Run a test body on W ranks of a ``torch.distributed`` process group.
+"""Multi-rank labs: W ranks of the submission inside the sandbox, driven from the grader.
 
 Graders of the distributed labs (01 all-reduce, 02 ZeRO) call::
 
-    results = harness.distributed.run(body, W, *args, impl_path=impl_path, timeout=20)
+    results = harness.distributed.run(body, W, *args, impl=impl, timeout=20)
 
-``body(ctx, *args)`` must be a module-level function of the test file; each
-rank loads that file by path (never by import name) and calls it with a
-``Rank`` context: ``ctx.rank``, ``ctx.world_size``, ``ctx.impl`` (the
-implementation module, loaded by path with ``harness.impl.load_module``, as the
-``impl`` fixture does), ``ctx.device`` and ``ctx.note(msg)``. ``run`` returns
-the W return values, rank order. They travel as ``torch.save`` bytes read back
-with ``torch.load(weights_only=True)``: plain data and tensors only, and a rank
-(running untrusted code) cannot make the trusted parent unpickle objects.
+The W ranks are W request loops of one sandboxed worker (``harness.sandbox``):
+they share the worker's private network namespace and /tmp, join a fresh
+``torch.distributed`` process group through a ``FileStore`` there (gloo on CPU
+over the private loopback; nccl with ``device="cuda"`` and at least W GPUs), and
+reach nothing else. Only values cross back (the wire format; never pickle).
 
-How it runs
-  * A pool of W worker processes per world size is kept for the session
-    (forked from a ``forkserver`` that has imported torch once, so a new pool
-    costs a fraction of a second, not seconds per rank). Every run gets a new
-    process group: the parent holds a fresh ``TCPStore`` on a free port
-    (port 0, chosen by the OS, never a fixed one), the ranks join it and
-    destroy the group at the end of the body. gloo on CPU; nccl when
-    ``device="cuda"`` and at least W GPUs are visible (rank r uses GPU r).
-  * ``timeout`` seconds per run. A run that takes longer (a deadlock: with
-    gloo a blocking ``send`` waits for its matching ``recv``) fails with
-    ``RankTimeout``, naming each rank's last message (the communication call
-    it is blocked in, from ``CommCounter``, or its last ``ctx.note``) and the
-    tail of its output. The pool's process groups are killed (each worker is a
-    session leader; SIGKILL to the group) and a fresh pool serves the next run,
-    so no rank inherits a hung state and the suite goes on.
-  * A rank that raises fails the run with ``RankError``: the rank, the
-    exception and its traceback. A rank that dies (segfault, ``os._exit``)
-    fails with ``RankError`` naming its exit code; the pool is recycled unless
-    every rank raised cleanly (each destroyed its process group and waits for
-    the next task).
+``body(rk, *args, **kwargs)`` is grader code and runs in the *trusted* process,
+one thread per rank, driving its rank through ``rk`` (a :class:`RankProxy`):
+``rk.rank``, ``rk.world_size``, ``rk.impl`` (the implementation on that rank:
+``rk.impl.f(x)`` runs there), and the probes :meth:`RankProxy.call` (a call under
+the communication counter and forbidden collectives, with the arguments as they
+are after the call), :meth:`RankProxy.keep` (a value kept on the rank, e.g. a
+parameter an optimizer holds), :meth:`RankProxy.new_groups` and
+:meth:`RankProxy.reachable_bytes`. Inputs are built by the grader and sent as
+tensors; the seed never reaches a rank. ``run`` returns the W return values of
+``body``, in rank order.
 
-Communication counter (inside a body)::
-
-    with ctx.count_comm(forbid=COLLECTIVES) as comm:
-        impl.ring_all_reduce(t)
-    comm.report()   # {"sent_msgs", "sent_bytes", "recv_msgs", "recv_bytes", "sent_elems",
-                    #  "collectives": {name: calls}, "collective_elems", "forbidden": [names]}
-
-wraps ``torch.distributed``'s point-to-point calls (``send``, ``recv``,
-``isend``, ``irecv``, ``batch_isend_irecv``) and collectives in
-``torch.distributed``, ``torch.distributed.distributed_c10d`` and the names the
-implementation module bound with ``from torch.distributed import ...``.
-A forbidden collective raises ``AssertionError`` in the rank and is recorded
-even if the caller swallows the exception. Calls made on ``ProcessGroup``
-objects directly bypass the counter (a known limit).
+Failures
+  * A rank that raises fails the run with :class:`RankError` naming the rank and
+    the exception (root causes first: a peer's "connection closed" comes after).
+    A rank that dies (``os._exit``, a signal) is named with its exit status.
+  * A run past ``timeout`` seconds (a deadlock: with gloo a blocking ``send`` waits
+    for its matching ``recv``) fails with :class:`RankTimeout`, naming where each
+    rank waited (its last communication call, from the counter's notes). The
+    worker is killed and a fresh one serves the next run.
+  * Timeouts and crashes count in the lab's :class:`harness.sandbox.Budget`: after
+    two timed-out runs the remaining runs of that submission fail at once.
 """
 from __future__ import annotations
 
 import atexit
 import contextlib
-import ctypes
-import datetime
-import io
-import multiprocessing as mp
+import dataclasses
+import itertools
 import os
-import signal
-import sys
-import tempfile
+import threading
 import time
-import traceback
-import types
-from dataclasses import dataclass, field
-from multiprocessing.connection import wait as _wait_conns
 from pathlib import Path
 from typing import Any, Callable
 
 import torch
 
-P2P = ("send", "recv", "isend", "irecv", "batch_isend_irecv")
-COLLECTIVES = ("all_reduce", "all_reduce_coalesced", "reduce_scatter", "reduce_scatter_tensor",
-               "reduce_scatter_single", "_reduce_scatter_base", "all_gather", "all_gather_into_tensor",
-               "all_gather_single", "_all_gather_base", "all_gather_coalesced", "all_gather_object",
-               "broadcast", "broadcast_object_list",
-               "reduce", "gather", "gather_object", "scatter", "scatter_object_list", "all_to_all",
-               "all_to_all_single", "barrier", "monitored_barrier")
-DATA_COLLECTIVES = tuple(c for c in COLLECTIVES if c not in ("barrier", "monitored_barrier"))
-"""Collectives that move data (lab 01 forbids all of them; barriers move none)."""
+from . import sandbox as _sb
+from .sandbox.client import Budget, RemoteModule, Sandbox, SandboxError, WorkerConfig, WorkerCrashed, WorkerTimeout
+from .sandbox.probes import COLLECTIVES, DATA_COLLECTIVES, P2P  # noqa: F401  (graders name them)
+from .sandbox.wire import View  # noqa: F401  (graders send views with their base)
 
-ERROR_GRACE_S = 3.0  # after one rank fails, how long the others get to report before the pool is killed
-_NOTE_BYTES = 400
-
-
+ERROR_GRACE_S = 3.0  # after one rank fails, how long the others get to report before the worker is killed
 _GLOO_TIMEOUT = "Timed out waiting"
-_SECONDARY = (_GLOO_TIMEOUT, "Connection closed by peer", "Connection reset by peer", "Broken pipe")
-
-
-def _short(text: str, keep: int = 1500) -> str:
-    """An error text without the harness's own frames, capped at ``keep`` characters."""
-    lines = text.splitlines()
-    out, skip = [], False
-    for line in lines:
-        if line.startswith('  File "') and ("harness/distributed.py" in line or "torch/distributed/c10d_logger" in line):
-            skip = True
-            continue
-        if skip and line.startswith("    "):
-            continue
-        skip = False
-        out.append(line)
-    return "\n".join(out)[-keep:]
+_SECONDARY = (_GLOO_TIMEOUT, "Connection closed by peer", "Connection reset by peer", "Broken pipe",
+              "another rank failed first", "stopped answering")
 
 
 class RankError(AssertionError):
@@ -112,323 +65,138 @@ class RankTimeout(AssertionError):
     """A run exceeded its timeout (a deadlock or a far too slow rank)."""
 
 
-# --------------------------------------------------------------------------- child side
+@dataclasses.dataclass
+class Call:
+    """What :meth:`RankProxy.call` saw: ``out`` (the return value), ``args`` (the
+    positional arguments after the call; a ``View`` argument as its whole base),
+    ``same`` (per argument: the output is that very object), ``comm`` (the
+    communication counter's report) and ``m`` (the full Measurement)."""
 
-@dataclass
-class Rank:
-    """What a test body receives on each rank."""
+    out: Any
+    args: list
+    same: list
+    comm: dict
+    m: Any
 
-    rank: int
-    world_size: int
-    impl: Any
-    device: str
-    backend: str
-    _note: Any = field(repr=False, default=None)
+
+class RankProxy:
+    """One rank, seen from the grader's thread that drives it."""
+
+    def __init__(self, group: "_RankGroup", rank: int, world_size: int, device: str, backend: str):
+        self._group = group
+        self.rank = rank
+        self.world_size = world_size
+        self.device = device
+        self.backend = backend
+        self.impl = RemoteModule(group.sandbox, group.path, group.name, server=rank)
+        self.last_note = ""
 
     def note(self, msg: str) -> None:
-        """Record this rank's progress; shown if the run times out."""
-        data = msg.encode("utf-8", "replace")[: _NOTE_BYTES - 1]
-        if self._note is not None:
-            self._note.value = data
+        """The grader's own progress note for this rank (shown if the run times out)."""
+        self.last_note = str(msg)[:300]
 
-    def count_comm(self, forbid=(), modules=None) -> "CommCounter":
-        """A ``CommCounter`` patching ``torch.distributed`` and ``self.impl`` (see the module doc)."""
-        return CommCounter(forbid=forbid, modules=([self.impl] if self.impl is not None else []) if modules is None else modules,
-                           rank=self)
+    def call(self, fn, *args, forbid_collectives=(), forbid=(), alloc: bool = False, **kwargs) -> Call:
+        """``fn(*args, **kwargs)`` on this rank under the communication counter;
+        ``forbid_collectives`` (names from ``COLLECTIVES``) raise in the rank and are
+        recorded even if swallowed; ``forbid``: dotted names as in ``measure``."""
+        opts = {"alloc": alloc, "ops": alloc, "comm": True, "comm_forbid": list(forbid_collectives),
+                "forbid": list(forbid), "return_args": True}
+        value, figures, outside = _sb.run_probe("measure", target=fn, args=list(args), kwargs=kwargs, opts=opts,
+                                                what=f"rank {self.rank}: calling {getattr(fn, '_short', fn)}")
+        m = _sb.measurement_from(figures, outside["wall_s"], outside["peak_rss_bytes"], outside["cpu_s"])
+        if not (isinstance(value, dict) and isinstance(value.get("args"), list)
+                and isinstance(value.get("same"), list) and len(value["args"]) == len(args)):
+            raise SandboxError("the implementation's process sent a malformed call report")
+        return Call(value.get("out"), value["args"], [x is True for x in value["same"]],
+                    m.comm or {"forbidden": ["<no report>"], "collectives": {}, "sent_bytes": 1 << 62}, m)
 
+    def keep(self, value):
+        """Send ``value`` to this rank and keep it there; returns a handle to it."""
+        return _sb.run_probe("keep", on=self.impl, value=value, what=f"rank {self.rank}: sending a value")[0]
 
-def _nbytes(t) -> int:
-    return t.numel() * t.element_size() if isinstance(t, torch.Tensor) else 0
+    def new_groups(self, members: list) -> list:
+        """``torch.distributed.new_group(m)`` for each list in ``members`` (every rank
+        must call this with the same lists); the handles of this rank's groups, None
+        where it is not a member."""
+        return _sb.run_probe("new_groups", on=self.impl, members=[list(m) for m in members],
+                             what=f"rank {self.rank}: creating groups")[0]
 
-
-def _numel_list(x) -> int:
-    if isinstance(x, torch.Tensor):
-        return x.numel()
-    if isinstance(x, (list, tuple)):
-        return sum(_numel_list(y) for y in x)
-    return 0
-
-
-class CommCounter:
-    """Count point-to-point messages/bytes and collective calls in this rank while active.
-
-    ``forbid``: collective names (from ``COLLECTIVES``) that raise ``AssertionError`` when
-    called. Bytes are counted from the tensors passed (``numel * element_size``).
-    Collective volume ``collective_elems``: for each call, the elements of its largest
-    tensor argument (the full buffer of a reduce-scatter or all-gather).
-    """
-
-    def __init__(self, forbid=(), modules=(), rank: Rank | None = None):
-        self.forbid = set(forbid)
-        unknown = self.forbid - set(COLLECTIVES) - set(P2P)
-        if unknown:
-            raise ValueError(f"forbid: unknown names {sorted(unknown)}")
-        self.modules = list(modules)
-        self._rank = rank
-        self.sent_msgs = self.sent_bytes = self.sent_elems = self.recv_msgs = self.recv_bytes = 0
-        self.collectives: dict[str, int] = {}
-        self.collective_elems = 0
-        self.forbidden: list[str] = []
-        self._patches = []
-        self._depth = 0  # > 0 inside a collective: its internal calls are not counted again
-
-    def report(self) -> dict:
-        return {"sent_msgs": self.sent_msgs, "sent_bytes": self.sent_bytes, "sent_elems": self.sent_elems,
-                "recv_msgs": self.recv_msgs, "recv_bytes": self.recv_bytes,
-                "collectives": dict(self.collectives), "collective_elems": self.collective_elems,
-                "forbidden": list(self.forbidden)}
-
-    def _note(self, msg):
-        if self._rank is not None:
-            self._rank.note(msg)
-
-    def _wrap(self, name, original):
-        counter = self
-
-        if name in ("send", "isend"):
-            def wrapper(tensor, *a, **k):
-                if counter._depth == 0:
-                    counter.sent_msgs += 1
-                    counter.sent_bytes += _nbytes(tensor)
-                    counter.sent_elems += tensor.numel() if isinstance(tensor, torch.Tensor) else 0
-                peer = k.get("dst", k.get("group_dst", a[0] if a else "?"))
-                counter._note(f"in {name}(dst={peer}, {_nbytes(tensor)} bytes) since t={time.time():.1f}")
-                out = original(tensor, *a, **k)
-                counter._note(f"returned from {name}(dst={peer})")
-                return out
-        elif name in ("recv", "irecv"):
-            def wrapper(tensor, *a, **k):
-                if counter._depth == 0:
-                    counter.recv_msgs += 1
-                    counter.recv_bytes += _nbytes(tensor)
-                peer = k.get("src", k.get("group_src", a[0] if a else "any"))
-                counter._note(f"in {name}(src={peer}, {_nbytes(tensor)} bytes) since t={time.time():.1f}")
-                out = original(tensor, *a, **k)
-                counter._note(f"returned from {name}(src={peer})")
-                return out
-        elif name == "batch_isend_irecv":
-            def wrapper(p2p_op_list, *a, **k):  # bytes are counted by the isend/irecv it calls
-                counter._note(f"in batch_isend_irecv({len(p2p_op_list)} ops)")
-                return original(p2p_op_list, *a, **k)
-        else:
-            def wrapper(*a, **k):
-                if counter._depth == 0:  # a deprecated name calling its successor counts once
-                    counter.collectives[name] = counter.collectives.get(name, 0) + 1
-                    counter.collective_elems += max([_numel_list(x) for x in list(a) + list(k.values())] or [0])
-                if name in counter.forbid:
-                    counter.forbidden.append(name)
-                    raise AssertionError(f"called torch.distributed.{name}: the contract forbids collectives "
-                                         f"here (point-to-point send/recv only)")
-                counter._note(f"in {name} since t={time.time():.1f}")
-                counter._depth += 1
-                try:
-                    out = original(*a, **k)
-                finally:
-                    counter._depth -= 1
-                counter._note(f"returned from {name}")
-                return out
-        wrapper.__wrapped__ = original
-        wrapper._labs_counter = True
-        return wrapper
-
-    def __enter__(self):
-        import torch.distributed as dist
-        import torch.distributed.distributed_c10d as c10d
-        homes = [dist, c10d]
-        for name in P2P + COLLECTIVES:
-            original = getattr(c10d, name, None) or getattr(dist, name, None)
-            if original is None:
-                continue
-            new = self._wrap(name, original)
-            for m in homes + self.modules:
-                for attr, value in list(vars(m).items()):
-                    if value is original:
-                        self._patches.append((m, attr, original))
-                        setattr(m, attr, new)
-        return self
-
-    def __exit__(self, *exc):
-        for m, attr, original in reversed(self._patches):
-            setattr(m, attr, original)
-        self._patches.clear()
-        return False
+    def reachable_bytes(self, obj, exclude=()) -> dict:
+        """Bytes of tensor storage reachable from ``obj`` on this rank (see sandbox.reachable_bytes)."""
+        return _sb.reachable_bytes(obj, exclude)
 
 
-def _format_exc(e: BaseException) -> str:
-    return "".join(traceback.format_exception(type(e), e, e.__traceback__))[-6000:]
+class _RankSandbox(Sandbox):
+    """A sandbox of W servers used for one run at a time: it is never restarted
+    mid-run, and the first failure stops every rank (the others would wait forever)."""
 
+    def __init__(self, cfg: WorkerConfig, path: Path, budget: Budget):
+        super().__init__(cfg, path, budget)
+        self.failed: str | None = None
 
-def _worker(rank: int, world_size: int, conn, note, log_path: str) -> None:
-    """Loop of one pool worker: receive a task, run it on this rank, send the result."""
-    os.setsid()  # own process group: the parent kills it with everything it started
-    fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    os.dup2(fd, 1)
-    os.dup2(fd, 2)
-    torch.set_num_threads(1)
-    from . import impl as _impl
-    import torch.distributed as dist
-
-    while True:
+    def request(self, header, buffers, what, server=0, timeout=None, max_bytes=None):
+        w = self.worker
+        if w is None or self.failed is not None:
+            raise WorkerCrashed(f"another rank failed first ({self.failed or 'no worker'})")
+        self.calls += 1
         try:
-            task = conn.recv()
-        except (EOFError, OSError):
-            return
-        if task is None:
-            return
-        os.ftruncate(1, 0)
-        os.lseek(1, 0, os.SEEK_SET)
-        note.value = b"starting"
-        body_file, body_name, impl_path, args, kwargs, port, backend, device, pg_timeout = task
-        status, payload, phase = "ok", b"", "setup-error"
-        try:
-            store = dist.TCPStore("127.0.0.1", port, world_size, is_master=False,
-                                  timeout=datetime.timedelta(seconds=pg_timeout))
-            if backend == "nccl":
-                torch.cuda.set_device(rank)
-            dist.init_process_group(backend, store=store, rank=rank, world_size=world_size,
-                                    timeout=datetime.timedelta(seconds=pg_timeout))
-            try:
-                # every rank has joined the mesh before any body can finish and tear it down
-                dist.barrier(device_ids=[rank]) if backend == "nccl" else dist.barrier()
-                phase = "error"
-                impl = _impl.load_module(impl_path) if impl_path else None
-                body = getattr(_impl.load_module(body_file), body_name)
-                ctx = Rank(rank, world_size, impl, device, backend, note)
-                note.value = b"running the test body"
-                value = body(ctx, *args, **kwargs)
-                buf = io.BytesIO()
-                torch.save(_to_cpu(value), buf)
-                payload = buf.getvalue()
-                note.value = b"finished"
-            finally:
-                dist.destroy_process_group()
-        except BaseException as e:  # report everything, SystemExit from student code included
-            status, payload = phase, f"{type(e).__name__}: {e}\n{_format_exc(e)}".encode()
-        try:
-            sys.stdout.flush()
-            sys.stderr.flush()
-            conn.send((status, payload))
-        except (BrokenPipeError, OSError):
-            return
+            reply, bufs = w.request(server, header, buffers, what, timeout=timeout, max_bytes=max_bytes,
+                                    cleanup=w.terminate)
+        except SandboxError as e:
+            if self.failed is None:
+                self.failed = f"rank {server}: {type(e).__name__}"
+            w.terminate()
+            raise
+        return reply, bufs, w
 
 
-def _to_cpu(value):
-    if isinstance(value, torch.Tensor):
-        return value.detach().cpu()
-    if isinstance(value, dict):
-        return {k: _to_cpu(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return type(value)(_to_cpu(v) for v in value)
-    return value
+class _RankGroup:
+    """The ranks of one implementation for one world size (kept for the session)."""
+
+    def __init__(self, cfg: WorkerConfig, path: Path, name: str, budget: Budget):
+        self.path, self.name = Path(path), name
+        self.sandbox = _RankSandbox(cfg, self.path, budget)
+        self.runs = itertools.count()
+
+    def close(self):
+        self.sandbox.close()
 
 
-# --------------------------------------------------------------------------- parent side
-
-_CTX = None
-
-
-def _context():
-    global _CTX
-    if _CTX is None:
-        _CTX = mp.get_context("forkserver")
-        # What every rank needs, imported once in the server and inherited by each fork.
-        # torch._dynamo is imported lazily by torch.optim.Optimizer.__init__ (seconds each).
-        _CTX.set_forkserver_preload(["torch", "torch.distributed", "torch._dynamo", "pytest",
-                                     "harness.distributed", "harness.impl", "harness.testing"])
-    return _CTX
+_GROUPS: dict = {}
+_LOCAL_BUDGETS: dict = {}
+_LOCK = threading.Lock()
 
 
-@contextlib.contextmanager
-def _no_main_module():
-    """Hide ``__main__`` while starting a worker, so the child does not re-import the
-    parent's main script (pytest's, or a ``python -c`` string) just to run ``_worker``."""
-    main = sys.modules.get("__main__")
-    sys.modules["__main__"] = types.ModuleType("__main__")
-    try:
-        yield
-    finally:
-        sys.modules["__main__"] = main
-
-
-class _Pool:
-    """W worker processes, one per rank, each with a pipe, a note slot and a log file."""
-
-    def __init__(self, world_size: int):
-        ctx = _context()
-        self.world_size = world_size
-        self.logdir = tempfile.mkdtemp(prefix=f"labs-dist-W{world_size}-")
-        self.conns, self.procs, self.notes, self.logs = [], [], [], []
-        for r in range(world_size):
-            parent, child = ctx.Pipe()
-            note = ctx.Array(ctypes.c_char, _NOTE_BYTES, lock=False)
-            log = os.path.join(self.logdir, f"rank{r}.log")
-            p = ctx.Process(target=_worker, args=(r, world_size, child, note, log), daemon=True,
-                            name=f"labs-rank{r}-of-{world_size}")
-            with _no_main_module():
-                p.start()
-            child.close()
-            self.conns.append(parent)
-            self.procs.append(p)
-            self.notes.append(note)
-            self.logs.append(log)
-
-    def alive(self) -> bool:
-        return all(p.is_alive() for p in self.procs)
-
-    def log_tail(self, r: int, n: int = 1500) -> str:
-        try:
-            data = Path(self.logs[r]).read_bytes()[-n:]
-        except OSError:
-            return ""
-        return data.decode("utf-8", "replace").strip()
-
-    def note(self, r: int) -> str:
-        return self.notes[r].value.decode("utf-8", "replace")
-
-    def kill(self) -> None:
-        for p in self.procs:
-            if p.pid is None:
-                continue
-            for sig_target in (lambda: os.killpg(p.pid, signal.SIGKILL), lambda: os.kill(p.pid, signal.SIGKILL)):
-                try:
-                    sig_target()
-                    break
-                except (ProcessLookupError, PermissionError, OSError):
-                    continue
-        for p in self.procs:
-            p.join(timeout=5)
-        for c in self.conns:
-            c.close()
-        for log in self.logs:
-            with contextlib.suppress(OSError):
-                os.unlink(log)
-        with contextlib.suppress(OSError):
-            os.rmdir(self.logdir)
-
-
-_POOLS: dict[int, _Pool] = {}
-
-
-def _pool(world_size: int) -> _Pool:
-    p = _POOLS.get(world_size)
-    if p is None or not p.alive():
-        if p is not None:
-            p.kill()
-        p = _POOLS[world_size] = _Pool(world_size)
-    return p
-
-
-def _recycle(world_size: int) -> None:
-    p = _POOLS.pop(world_size, None)
-    if p is not None:
-        p.kill()
+def _group_for(impl, world_size: int) -> _RankGroup:
+    """The rank group of ``impl`` (a sandboxed module, or a module imported locally) with W ranks."""
+    if isinstance(impl, RemoteModule):
+        base = impl._sandbox
+        key = (id(base), world_size)
+        cfg = dataclasses.replace(base.cfg, servers=world_size, ranks=True)
+        path, name, budget = Path(impl.__file__), impl.__name__, base.budget
+    else:
+        file = getattr(impl, "__file__", None)
+        if not file:
+            raise ValueError(f"impl must be the lab's implementation module, got {impl!r}")
+        path = Path(file).resolve()
+        key = (str(path), world_size)
+        cfg = WorkerConfig(module_source=path.read_text(errors="replace"), module_filename=path.name,
+                           servers=world_size, ranks=True)
+        name, budget = getattr(impl, "__name__", path.stem), _LOCAL_BUDGETS.setdefault(str(path), Budget())
+    with _LOCK:
+        group = _GROUPS.get(key)
+        if group is None:
+            group = _GROUPS[key] = _RankGroup(cfg, path, name, budget)
+    return group
 
 
 @atexit.register
 def shutdown() -> None:
-    """Kill every pool (also run at interpreter exit)."""
-    for w in list(_POOLS):
-        _recycle(w)
+    """Stop every rank group (also run at interpreter exit and by the pytest plugin)."""
+    for key in list(_GROUPS):
+        group = _GROUPS.pop(key)
+        with contextlib.suppress(Exception):
+            group.close()
 
 
 def choose_backend(device: str, world_size: int) -> str:
@@ -441,112 +209,125 @@ def choose_backend(device: str, world_size: int) -> str:
     return "gloo"
 
 
-def run(body: Callable, world_size: int, *args, impl_path=None, timeout: float = 30.0,
-        device: str = "cpu", **kwargs) -> list:
-    """Run ``body(ctx, *args, **kwargs)`` on ``world_size`` ranks; return the W results.
+def run(body: Callable, world_size: int, *args, impl, timeout: float = 30.0, device: str = "cpu",
+        **kwargs) -> list:
+    """Run ``body(rk, *args, **kwargs)`` for each of ``world_size`` ranks; return the W results.
 
-    ``body`` must be a module-level function (each rank loads its file by path);
-    ``args``/``kwargs`` are pickled to the ranks (plain data and CPU tensors).
-    ``impl_path`` is loaded in each rank as ``ctx.impl``. Raises ``RankError``
-    (a rank raised or died) or ``RankTimeout`` (the run took longer than
-    ``timeout`` seconds); both are ``AssertionError``s, so a test fails with
-    the message. ``ValueError`` for ``world_size < 1`` or a body that is not a
-    module-level function.
+    ``impl`` is the ``impl`` fixture (the implementation under test). ``timeout``:
+    seconds for the whole run. Raises ``RankError`` (a rank raised or died) or
+    ``RankTimeout`` (the run took longer than ``timeout``); both are
+    ``AssertionError``s, so a test fails with the message. ``ValueError`` for
+    ``world_size < 1``. An infrastructure failure (the sandbox could not start)
+    propagates as ``harness.sandbox.SandboxStartError``.
     """
     __tracebackhide__ = True  # pytest shows the ranks' message, not this function
-    import torch.distributed as dist
-
     if world_size < 1:
         raise ValueError(f"world_size must be >= 1, got {world_size}")
-    name = getattr(body, "__qualname__", "")
-    body_file = getattr(getattr(body, "__code__", None), "co_filename", None)
-    if not name or "<" in name or "." in name or body_file is None:
-        raise ValueError(f"body must be a module-level function, got {body!r}")
+    if not callable(body):
+        raise ValueError(f"body must be a function, got {body!r}")
     backend = choose_backend(device, world_size)
-    pool = _pool(world_size)
-    # The parent holds the store: port 0 lets the OS pick a free port, held for the whole run.
-    store = dist.TCPStore("127.0.0.1", 0, world_size + 1, is_master=True, wait_for_workers=False,
-                          timeout=datetime.timedelta(seconds=timeout + 5))
-    # gloo's own timeout fires a little before ours, so a blocked rank reports where it waited.
-    pg_timeout = max(1.0, timeout - ERROR_GRACE_S - 1.0)
-    task = (str(Path(body_file).resolve()), name, str(impl_path) if impl_path else None,
-            args, kwargs, store.port, backend, device, pg_timeout)
+    group = _group_for(impl, world_size)
+    sb = group.sandbox
+    sb.failed = None
+    sb.cfg.call_timeout_s = timeout
     try:
-        for c in pool.conns:
-            c.send(task)
-    except (BrokenPipeError, OSError) as e:
-        _recycle(world_size)
-        raise RankError(f"W={world_size}: could not start the ranks ({e})") from None
+        sb.ensure()
+    except (WorkerTimeout, WorkerCrashed) as e:
+        raise RankError(f"W={world_size}: the ranks could not start: {e}") from None
+    sb.failed = None
+    sb.begin_test()
+    proxies = [RankProxy(group, r, world_size, device, backend) for r in range(world_size)]
+    store = f"pg-{os.getpid()}-{next(group.runs)}.store"
+    pg_timeout = max(1.0, timeout - ERROR_GRACE_S - 1.0)  # gloo reports where it waited before we give up
+    results: dict[int, Any] = {}
+    errors: dict[int, BaseException] = {}
+    done = threading.Event()
 
-    results: dict[int, tuple[str, bytes]] = {}
+    def drive(rk: RankProxy):
+        try:
+            _sb.run_probe("init_pg", on=rk.impl, rank=rk.rank, world_size=world_size, backend=backend,
+                          store_path=store, timeout_s=pg_timeout, what=f"rank {rk.rank}: joining the group")
+            rk.note("running the test body")
+            value = body(rk, *args, **kwargs)
+            _sb.run_probe("destroy_pg", on=rk.impl, what=f"rank {rk.rank}: leaving the group")
+            results[rk.rank] = value
+        except BaseException as e:  # noqa: BLE001 - reported below
+            errors[rk.rank] = e
+            done.set()
+
+    threads = [threading.Thread(target=drive, args=(rk,), daemon=True, name=f"labs-rank{rk.rank}")
+               for rk in proxies]
     start = time.monotonic()
+    for t in threads:
+        t.start()
     deadline = start + timeout
-    first_error_at = None
-    pending = {c: r for r, c in enumerate(pool.conns)}
-    while pending:
-        now = time.monotonic()
-        limit = deadline if first_error_at is None else min(deadline, first_error_at + ERROR_GRACE_S)
-        if now >= limit:
+    for t in threads:
+        while t.is_alive():
+            now = time.monotonic()
+            limit = deadline if not done.is_set() else min(deadline, first_error_at(done, start))
+            if now >= limit:
+                break
+            t.join(timeout=min(0.05, max(0.0, limit - now)))
+        if t.is_alive():
             break
-        ready = _wait_conns(list(pending) + [pool.procs[r].sentinel for r in pending.values()],
-                           timeout=limit - now)
-        for obj in ready:
-            if obj in pending:
-                r = pending.pop(obj)
-                try:
-                    results[r] = obj.recv()
-                except (EOFError, OSError):
-                    results[r] = ("died", b"")
-                if results[r][0] != "ok" and first_error_at is None:
-                    first_error_at = time.monotonic()
-        for r, p in enumerate(pool.procs):  # a rank that died without sending
-            if not p.is_alive() and pool.conns[r] in pending and not pool.conns[r].poll():
-                pending.pop(pool.conns[r])
-                results[r] = ("died", f"exit code {p.exitcode}".encode())
-                if first_error_at is None:
-                    first_error_at = time.monotonic()
-    del store
     elapsed = time.monotonic() - start
-
-    errors = {r: v for r, v in results.items() if v[0] != "ok"}
-    if errors:
-        texts = {r: p.decode("utf-8", "replace") for r, (s, p) in errors.items()}
-        if any(_GLOO_TIMEOUT in texts[r] for r in errors):  # a peer may see the timed-out rank leave
-            _recycle(world_size)
-            raise RankTimeout(f"timed out after {elapsed:.1f}s with W={world_size}: a deadlock? (e.g. neighbours "
-                              "that both start with a blocking send wait forever for each other); where "
-                              "each rank waited:\n\n" + "\n\n".join(
-                                  f"rank {r}: " + _short(texts[r])
-                                  for r in sorted(texts, key=lambda r: (_GLOO_TIMEOUT not in texts[r], r)))[:12000])
-        msgs = []
-        # the root cause first: errors that are not a peer's disappearance or a timeout
-        for r in sorted(errors, key=lambda r: (any(k in texts[r] for k in _SECONDARY), r)):
-            s, p = errors[r]
-            if s in ("error", "setup-error"):
-                msgs.append(f"rank {r} of {world_size} raised " + _short(texts[r], 5000))
-            else:
-                tail = pool.log_tail(r)
-                msgs.append(f"rank {r} of {world_size} died ({p.decode() or 'no result'}; last note: "
-                            f"{pool.note(r)!r})" + (f"\n--- its output ---\n{tail}" if tail else ""))
+    hung = [rk for rk, t in zip(proxies, threads) if t.is_alive()]
+    notes = {rk.rank: _rank_note(sb, rk) for rk in proxies}
+    if hung or errors:
+        w = sb.worker
+        if w is not None:
+            w.terminate()
+        for t in threads:
+            t.join(timeout=10)
+        sb.kill()
+    if not hung and not errors:
+        return [results[r] for r in range(world_size)]
+    texts = {r: _describe(e) for r, e in errors.items()}
+    primary = [r for r, e in errors.items() if not isinstance(e, WorkerTimeout)
+               and not any(k in texts[r] for k in _SECONDARY)]
+    timed_out = not primary and (bool(hung) or any(isinstance(e, WorkerTimeout) or _GLOO_TIMEOUT in texts[r]
+                                                   for r, e in errors.items()))
+    if timed_out:
+        sb.budget.timeouts += 1
+        lines = [f"timed out after {elapsed:.1f}s (limit {timeout:g}s) with W={world_size}: a deadlock? (e.g. "
+                 "neighbours that both start with a blocking send wait forever for each other); where each rank "
+                 "waited:"]
         for r in range(world_size):
-            if r not in results:
-                msgs.append(f"rank {r} of {world_size} did not finish (last note: {pool.note(r)!r})")
-        if len(results) < world_size or any(s != "error" for s, _ in errors.values()):
-            _recycle(world_size)  # a rank is stuck or dead: start afresh
-        # else every rank raised, destroyed its process group and waits for the next task
-        raise RankError("\n\n".join(msgs)[:12000])
-    if len(results) < world_size:
-        lines = [f"timed out after {elapsed:.1f}s (limit {timeout:g}s) with W={world_size}: a deadlock? "
-                 "(e.g. neighbours that both start with a blocking send wait forever for each other)"]
-        for r in range(world_size):
-            state = "finished" if r in results else "still running"
-            lines.append(f"  rank {r}: {state}; last message: {pool.note(r)}")
-            tail = pool.log_tail(r, 600)
-            if tail and r not in results:
-                lines.append("    output tail: " + tail.replace("\n", "\n    "))
-        _recycle(world_size)
-        raise RankTimeout("\n".join(lines))
-    out = []
+            lines.append(f"  rank {r}: {notes[r] or 'no note'}")
+        tail = sb.worker.output_tail(600) if sb.worker is not None else ""
+        raise RankTimeout("\n".join(lines)[:12000] + (f"\n--- output ---\n{tail}" if tail else ""))
+    if any(isinstance(errors.get(r), WorkerCrashed) for r in primary):
+        sb.budget.crashes += 1
+    msgs = []
+    for r in sorted(errors, key=lambda r: (any(k in texts[r] for k in _SECONDARY), r)):
+        e = errors[r]
+        if isinstance(e, WorkerCrashed):
+            msgs.append(f"rank {r} of {world_size} died: {texts[r]} (last note: {notes[r]!r})")
+        else:
+            msgs.append(f"rank {r} of {world_size} raised {texts[r]}")
     for r in range(world_size):
-        out.append(torch.load(io.BytesIO(results[r][1]), weights_only=True))
-    return out
+        if r not in errors and r not in results:
+            msgs.append(f"rank {r} of {world_size} did not finish (last note: {notes[r]!r})")
+    raise RankError("\n\n".join(msgs)[:12000])
+
+
+def first_error_at(done: threading.Event, start: float) -> float:
+    """When the grace period after the first failure ends (recorded once)."""
+    at = getattr(done, "_labs_at", None)
+    if at is None:
+        at = time.monotonic()
+        done._labs_at = at
+    return at + ERROR_GRACE_S
+
+
+def _rank_note(sb: Sandbox, rk: RankProxy) -> str:
+    w = sb.worker
+    note = w.channels[rk.rank].read_note() if w is not None and rk.rank < len(w.channels) else ""
+    return note or rk.last_note
+
+
+def _describe(e: BaseException) -> str:
+    text = f"{type(e).__name__}: {e}"
+    for n in getattr(e, "__notes__", []) or []:
+        text += "\n" + str(n)
+    return text[-5000:]

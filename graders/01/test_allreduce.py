@@ -101,68 +101,63 @@ def _bitwise(t: torch.Tensor) -> torch.Tensor:
 
 
 # ----------------------------------------------------------------------------- rank bodies
+# Each body runs here (the grader's process), one thread per rank, and drives its rank
+# through ``rk``: inputs are built here and sent as tensors, the call runs in the sandbox
+# under the communication counter (every data collective forbidden), values come back.
 
-def body_reduce_scatter(ctx, seed, cases):
+def body_reduce_scatter(rk, seed, cases):
     out = []
     for n, dtype, op in cases:
-        _, view = make_input(seed, ctx.rank, (n,), dtype)
-        before = view.clone()
-        with ctx.count_comm(forbid=hd.DATA_COLLECTIVES) as comm:
-            got = ctx.impl.ring_reduce_scatter(view, op=op)
-        out.append({"got": got, "unchanged": bool(torch.equal(before, view)), "comm": comm.report()})
+        _, view = make_input(seed, rk.rank, (n,), dtype)
+        c = rk.call(rk.impl.ring_reduce_scatter, view, op=op, forbid_collectives=hd.DATA_COLLECTIVES)
+        out.append({"got": c.out, "unchanged": bool(torch.equal(c.args[0], view)), "comm": c.comm})
     return out
 
 
-def body_all_gather(ctx, seed, cases):
+def body_all_gather(rk, seed, cases):
     out = []
     for numel, dtype in cases:
-        c = ceil_div(numel, ctx.world_size)
-        full, _ = make_input(seed, 0, (max(ctx.world_size * c, 1),), dtype)
-        chunk = full[ctx.rank * c:(ctx.rank + 1) * c].clone()
-        with ctx.count_comm(forbid=hd.DATA_COLLECTIVES) as comm:
-            got = ctx.impl.ring_all_gather(chunk, numel)
-        out.append({"got": got, "comm": comm.report()})
+        c = ceil_div(numel, rk.world_size)
+        full, _ = make_input(seed, 0, (max(rk.world_size * c, 1),), dtype)
+        chunk = full[rk.rank * c:(rk.rank + 1) * c].clone()
+        call = rk.call(rk.impl.ring_all_gather, chunk, numel, forbid_collectives=hd.DATA_COLLECTIVES)
+        out.append({"got": call.out, "comm": call.comm})
     return out
 
 
-def body_all_reduce(ctx, seed, cases):
+def body_all_reduce(rk, seed, cases):
     out = []
     for shape, dtype, layout, op in cases:
-        base, view = make_input(seed, ctx.rank, shape, dtype, layout)
-        with ctx.count_comm(forbid=hd.DATA_COLLECTIVES) as comm:
-            ret = ctx.impl.ring_all_reduce(view, op=op)
-        out.append({"base": base, "same": ret is view, "comm": comm.report()})
+        base, view = make_input(seed, rk.rank, shape, dtype, layout)
+        c = rk.call(rk.impl.ring_all_reduce, hd.View(base, view), op=op, forbid_collectives=hd.DATA_COLLECTIVES)
+        out.append({"base": c.args[0], "same": c.same[0], "comm": c.comm})
     return out
 
 
-def body_errors(ctx, calls):
+def body_errors(rk, calls):
     out = []
     for fn, kwargs, n, dtype in calls:
-        _, t = make_input(0, ctx.rank, (n,), dtype)
+        _, t = make_input(0, rk.rank, (n,), dtype)
         try:
-            getattr(ctx.impl, fn)(t, **kwargs)
+            getattr(rk.impl, fn)(t, **kwargs)
             out.append("no error")
         except Exception as e:  # noqa: BLE001 - the type is what we grade
             out.append(type(e).__name__)
     return out
 
 
-def body_rounding(ctx, seed, n, dtype):
-    vals = rounding_inputs(seed, ctx.world_size, n, dtype)[ctx.rank]
-    t = vals.clone()
-    with ctx.count_comm(forbid=hd.DATA_COLLECTIVES) as comm:
-        ctx.impl.ring_all_reduce(t)
-    return {"got": t, "comm": comm.report()}
+def body_rounding(rk, seed, n, dtype):
+    vals = rounding_inputs(seed, rk.world_size, n, dtype)[rk.rank]
+    c = rk.call(rk.impl.ring_all_reduce, vals.clone(), forbid_collectives=hd.DATA_COLLECTIVES)
+    return {"got": c.args[0], "comm": c.comm}
 
 
-def body_subgroups(ctx, seed, n):
-    import torch.distributed as dist
-    groups = [dist.new_group([0, 2]), dist.new_group([1, 3])]
-    mine = groups[ctx.rank % 2]
-    _, t = make_input(seed, ctx.rank, (n,), "fp32")
-    with ctx.count_comm(forbid=hd.DATA_COLLECTIVES) as comm:
-        ctx.impl.ring_all_reduce(t, op="sum", group=mine)
-    return {"got": t, "comm": comm.report()}
+def body_subgroups(rk, seed, n):
+    groups = rk.new_groups([[0, 2], [1, 3]])
+    mine = groups[rk.rank % 2]
+    _, t = make_input(seed, rk.rank, (n,), "fp32")
+    c = rk.call(rk.impl.ring_all_reduce, t, op="sum", group=mine, forbid_collectives=hd.DATA_COLLECTIVES)
+    return {"got": c.args[0], "comm": c.comm}
 
 
 def body_cpu_perf(ctx, seed, n, repeats):
@@ -249,10 +244,10 @@ def rounding_inputs(seed, W, n, dtype):
 @pytest.mark.part("A")
 @pytest.mark.points(2)
 @pytest.mark.parametrize("W", [1, 2, 3, 4], ids=lambda w: f"W{w}")
-def test_reduce_scatter_returns_reduced_chunk_of_rank(W, impl_path, seed):
+def test_reduce_scatter_returns_reduced_chunk_of_rank(W, impl, seed):
     sizes = sorted({1, max(W - 1, 1), W + 1, 5 * W + 2, 29})
     cases = [(n, "fp32", "sum") for n in sizes]
-    res = hd.run(body_reduce_scatter, W, seed, cases, impl_path=impl_path, timeout=SMALL_T)
+    res = hd.run(body_reduce_scatter, W, seed, cases, impl=impl, timeout=SMALL_T)
     for i, (n, dtype, op) in enumerate(cases):
         c = ceil_div(n, W)
         want = oracle([make_input(seed, r, (n,), dtype)[1] for r in range(W)], op)
@@ -272,10 +267,10 @@ def test_reduce_scatter_returns_reduced_chunk_of_rank(W, impl_path, seed):
 
 @pytest.mark.part("A")
 @pytest.mark.parametrize("W", [2, 3], ids=lambda w: f"W{w}")
-def test_reduce_scatter_max_avg_and_dtypes(W, impl_path, seed):
+def test_reduce_scatter_max_avg_and_dtypes(W, impl, seed):
     cases = [(11, "fp32", "max"), (11, "fp32", "avg"), (10, "int64", "sum"), (9, "int32", "max"),
              (13, "bf16", "sum"), (7, "fp64", "avg")]
-    res = hd.run(body_reduce_scatter, W, seed, cases, impl_path=impl_path, timeout=SMALL_T)
+    res = hd.run(body_reduce_scatter, W, seed, cases, impl=impl, timeout=SMALL_T)
     for i, (n, dtype, op) in enumerate(cases):
         c = ceil_div(n, W)
         want = oracle([make_input(seed, r, (n,), dtype)[1] for r in range(W)], op)
@@ -291,10 +286,10 @@ def test_reduce_scatter_max_avg_and_dtypes(W, impl_path, seed):
 
 
 @pytest.mark.part("A")
-def test_reduce_scatter_leaves_input_unchanged_and_is_bandwidth_optimal(impl_path, seed):
+def test_reduce_scatter_leaves_input_unchanged_and_is_bandwidth_optimal(impl, seed):
     W = 4
     cases = [(1001, "fp32", "sum"), (999, "fp16", "sum"), (3, "int64", "sum")]
-    res = hd.run(body_reduce_scatter, W, seed, cases, impl_path=impl_path, timeout=SMALL_T)
+    res = hd.run(body_reduce_scatter, W, seed, cases, impl=impl, timeout=SMALL_T)
     for i, (n, dtype, _) in enumerate(cases):
         c = ceil_div(n, W)
         bound = (W - 1) * c * max(DT[dtype].itemsize, 4)
@@ -307,10 +302,10 @@ def test_reduce_scatter_leaves_input_unchanged_and_is_bandwidth_optimal(impl_pat
 
 
 @pytest.mark.part("A")
-def test_reduce_scatter_rejects_bad_op_and_avg_on_integers(impl_path):
+def test_reduce_scatter_rejects_bad_op_and_avg_on_integers(impl):
     calls = [("ring_reduce_scatter", {"op": "mean"}, 6, "fp32"),
              ("ring_reduce_scatter", {"op": "avg"}, 6, "int32")]
-    res = hd.run(body_errors, 2, calls, impl_path=impl_path, timeout=SMALL_T)
+    res = hd.run(body_errors, 2, calls, impl=impl, timeout=SMALL_T)
     for r in range(2):
         assert res[r][0] == "ValueError", f"op='mean' must raise ValueError (rank {r}): got {res[r][0]}"
         assert res[r][1] == "TypeError", f"op='avg' on int32 must raise TypeError (rank {r}): got {res[r][1]}"
@@ -321,10 +316,10 @@ def test_reduce_scatter_rejects_bad_op_and_avg_on_integers(impl_path):
 @pytest.mark.part("B")
 @pytest.mark.points(2)
 @pytest.mark.parametrize("W", [1, 2, 3, 4], ids=lambda w: f"W{w}")
-def test_all_gather_concatenates_chunks_in_rank_order(W, impl_path, seed):
+def test_all_gather_concatenates_chunks_in_rank_order(W, impl, seed):
     cases = [(n, dt) for n in sorted({0, 1, max(W - 1, 1), 4 * W + 3}) for dt in ("fp32", "int64")]
     cases.append((W * 3 + 1, "fp16"))
-    res = hd.run(body_all_gather, W, seed, cases, impl_path=impl_path, timeout=SMALL_T)
+    res = hd.run(body_all_gather, W, seed, cases, impl=impl, timeout=SMALL_T)
     for i, (numel, dtype) in enumerate(cases):
         c = ceil_div(numel, W)
         full, _ = make_input(seed, 0, (max(W * c, 1),), dtype)
@@ -341,10 +336,10 @@ def test_all_gather_concatenates_chunks_in_rank_order(W, impl_path, seed):
 
 
 @pytest.mark.part("B")
-def test_all_gather_is_bandwidth_optimal(impl_path, seed):
+def test_all_gather_is_bandwidth_optimal(impl, seed):
     W = 3
     cases = [(1000, "fp32"), (1000, "fp16"), (998, "int64")]
-    res = hd.run(body_all_gather, W, seed, cases, impl_path=impl_path, timeout=SMALL_T)
+    res = hd.run(body_all_gather, W, seed, cases, impl=impl, timeout=SMALL_T)
     for i, (numel, dtype) in enumerate(cases):
         c = ceil_div(numel, W)
         bound = (W - 1) * c * max(DT[dtype].itemsize, 4)
@@ -352,17 +347,17 @@ def test_all_gather_is_bandwidth_optimal(impl_path, seed):
                    case=f"W={W}, numel={numel}, {dtype}")
 
 
-def body_all_gather_bad(ctx, numel, length):
+def body_all_gather_bad(rk, numel, length):
     try:
-        ctx.impl.ring_all_gather(torch.zeros(length), numel)
+        rk.impl.ring_all_gather(torch.zeros(length), numel)
         return "no error"
     except Exception as e:  # noqa: BLE001
         return type(e).__name__
 
 
 @pytest.mark.part("B")
-def test_all_gather_rejects_chunk_of_wrong_length(impl_path):
-    res = hd.run(body_all_gather_bad, 3, 10, 3, impl_path=impl_path, timeout=SMALL_T)  # needs ceil(10/3) = 4
+def test_all_gather_rejects_chunk_of_wrong_length(impl):
+    res = hd.run(body_all_gather_bad, 3, 10, 3, impl=impl, timeout=SMALL_T)  # needs ceil(10/3) = 4
     for r, got in enumerate(res):
         assert got == "ValueError", (f"a chunk of 3 elements for numel=10, W=3 (needs 4) must raise ValueError "
                                      f"(rank {r}): got {got}")
@@ -404,29 +399,29 @@ def _check_all_reduce(res, seed, W, cases, what="all-reduce result is wrong"):
 @pytest.mark.part("C")
 @pytest.mark.points(2)
 @pytest.mark.parametrize("W", [1, 2, 3, 4], ids=lambda w: f"W{w}")
-def test_all_reduce_sum_any_size(W, impl_path, seed):
+def test_all_reduce_sum_any_size(W, impl, seed):
     sizes = sorted({0, 1, max(W - 1, 1), W + 1, 7 * W + 3})
     cases = [((n,), "fp32", "contiguous", "sum") for n in sizes]
-    res = hd.run(body_all_reduce, W, seed, cases, impl_path=impl_path, timeout=SMALL_T)
+    res = hd.run(body_all_reduce, W, seed, cases, impl=impl, timeout=SMALL_T)
     _check_all_reduce(res, seed, W, cases, what="all-reduce sum is wrong")
 
 
 @pytest.mark.part("C")
 @pytest.mark.parametrize("layout", ["transposed", "strided"])
-def test_all_reduce_strided_views_in_place(layout, impl_path, seed):
+def test_all_reduce_strided_views_in_place(layout, impl, seed):
     W = 3
     cases = [((5, 7), "fp32", layout, "sum"), ((3, 2), "int64", layout, "sum"), ((1, 4), "fp16", layout, "max")]
-    res = hd.run(body_all_reduce, W, seed, cases, impl_path=impl_path, timeout=SMALL_T)
+    res = hd.run(body_all_reduce, W, seed, cases, impl=impl, timeout=SMALL_T)
     _check_all_reduce(res, seed, W, cases, what=f"all-reduce of a {layout} view is wrong (the result must land in "
                                                 "the caller's view, whatever its strides)")
 
 
 @pytest.mark.part("C")
 @pytest.mark.parametrize("dtype", list(DT))
-def test_all_reduce_every_dtype(dtype, impl_path, seed):
+def test_all_reduce_every_dtype(dtype, impl, seed):
     W = 3
     cases = [((17,), dtype, "contiguous", "sum"), ((2, 5), dtype, "contiguous", "max")]
-    res = hd.run(body_all_reduce, W, seed, cases, impl_path=impl_path, timeout=SMALL_T)
+    res = hd.run(body_all_reduce, W, seed, cases, impl=impl, timeout=SMALL_T)
     for r in range(W):
         got = res[r][0]["base"]
         if got.dtype != DT[dtype]:
@@ -436,19 +431,19 @@ def test_all_reduce_every_dtype(dtype, impl_path, seed):
 
 @pytest.mark.part("C")
 @pytest.mark.parametrize("W", [2, 4], ids=lambda w: f"W{w}")
-def test_all_reduce_avg_and_max(W, impl_path, seed):
+def test_all_reduce_avg_and_max(W, impl, seed):
     cases = [((13,), "fp32", "contiguous", "avg"), ((3, 3), "fp64", "contiguous", "avg"),
              ((6,), "bf16", "contiguous", "avg"), ((11,), "fp32", "contiguous", "max"),
              ((5,), "int32", "contiguous", "max")]
-    res = hd.run(body_all_reduce, W, seed, cases, impl_path=impl_path, timeout=SMALL_T)
+    res = hd.run(body_all_reduce, W, seed, cases, impl=impl, timeout=SMALL_T)
     _check_all_reduce(res, seed, W, cases, what="avg (sum / W, once) or max is wrong")
 
 
 @pytest.mark.part("C")
-def test_all_reduce_rejects_bad_op_and_avg_on_integers(impl_path):
+def test_all_reduce_rejects_bad_op_and_avg_on_integers(impl):
     calls = [("ring_all_reduce", {"op": "min"}, 5, "fp32"), ("ring_all_reduce", {"op": "avg"}, 5, "int64"),
              ("ring_all_reduce", {"op": "SUM"}, 5, "int32")]
-    res = hd.run(body_errors, 2, calls, impl_path=impl_path, timeout=SMALL_T)
+    res = hd.run(body_errors, 2, calls, impl=impl, timeout=SMALL_T)
     for r in range(2):
         assert res[r][0] == "ValueError", f"op='min' must raise ValueError (rank {r}): got {res[r][0]}"
         assert res[r][1] == "TypeError", f"op='avg' on int64 must raise TypeError (rank {r}): got {res[r][1]}"
@@ -459,9 +454,9 @@ def test_all_reduce_rejects_bad_op_and_avg_on_integers(impl_path):
 @pytest.mark.points(2)
 @pytest.mark.parametrize("dtype", ["fp16", "bf16"])
 @pytest.mark.parametrize("W", [2, 3, 4], ids=lambda w: f"W{w}")
-def test_half_precision_accumulates_in_fp32_and_rounds_once(W, dtype, impl_path, seed):
+def test_half_precision_accumulates_in_fp32_and_rounds_once(W, dtype, impl, seed):
     n = 3001
-    res = hd.run(body_rounding, W, seed, n, dtype, impl_path=impl_path, timeout=SMALL_T)
+    res = hd.run(body_rounding, W, seed, n, dtype, impl=impl, timeout=SMALL_T)
     xs = rounding_inputs(seed, W, n, dtype)
     exact = torch.stack([x.to(torch.float64) for x in xs]).sum(0)
     assert torch.equal(exact.to(torch.float32).to(torch.float64), exact)  # the inputs' promise
@@ -482,10 +477,10 @@ def test_half_precision_accumulates_in_fp32_and_rounds_once(W, dtype, impl_path,
 @pytest.mark.part("C")
 @pytest.mark.points(2)
 @pytest.mark.parametrize("W", [2, 3, 4], ids=lambda w: f"W{w}")
-def test_all_reduce_bytes_per_rank_within_ring_bound(W, impl_path, seed):
+def test_all_reduce_bytes_per_rank_within_ring_bound(W, impl, seed):
     cases = [((2003,), "fp32", "contiguous", "sum"), ((997,), "fp64", "contiguous", "sum"),
              ((1002,), "bf16", "contiguous", "sum")]
-    res = hd.run(body_all_reduce, W, seed, cases, impl_path=impl_path, timeout=SMALL_T)
+    res = hd.run(body_all_reduce, W, seed, cases, impl=impl, timeout=SMALL_T)
     for i, (shape, dtype, _, _) in enumerate(cases):
         c = ceil_div(shape[0], W)
         bound = 2 * (W - 1) * c * max(DT[dtype].itemsize, 4)
@@ -495,9 +490,9 @@ def test_all_reduce_bytes_per_rank_within_ring_bound(W, impl_path, seed):
 
 
 @pytest.mark.part("C")
-def test_all_reduce_honours_group(impl_path, seed):
+def test_all_reduce_honours_group(impl, seed):
     n = 23
-    res = hd.run(body_subgroups, 4, seed, n, impl_path=impl_path, timeout=SMALL_T)
+    res = hd.run(body_subgroups, 4, seed, n, impl=impl, timeout=SMALL_T)
     for r in range(4):
         members = [0, 2] if r % 2 == 0 else [1, 3]
         want = oracle([make_input(seed, m, (n,), "fp32")[1] for m in members], "sum")
@@ -510,10 +505,10 @@ def test_all_reduce_honours_group(impl_path, seed):
 @pytest.mark.part("C")
 @pytest.mark.points(2)
 @pytest.mark.parametrize("W", [2, 3], ids=lambda w: f"W{w}")
-def test_large_tensor_completes_without_deadlock(W, impl_path, seed):
+def test_large_tensor_completes_without_deadlock(W, impl, seed):
     n = 1_500_007  # 6 MB of float32: blocking sends between neighbours would wait forever
     cases = [((n,), "fp32", "contiguous", "sum")]
-    res = hd.run(body_all_reduce, W, seed, cases, impl_path=impl_path, timeout=LARGE_T)
+    res = hd.run(body_all_reduce, W, seed, cases, impl=impl, timeout=LARGE_T)
     _check_all_reduce(res, seed, W, cases, what="large all-reduce is wrong")
     c = ceil_div(n, W)
     check_comm([res[r][0]["comm"] for r in range(W)], bound_bytes=2 * (W - 1) * c * 4, what="all-reduce",
@@ -524,10 +519,10 @@ def test_large_tensor_completes_without_deadlock(W, impl_path, seed):
 
 @pytest.mark.part("C")
 @pytest.mark.points(0)
-def test_cpu_time_vs_gloo_all_reduce(impl_path, seed, record_perf):
+def test_cpu_time_vs_gloo_all_reduce(impl, seed, record_perf):
     """Informational on CPU: the ring's time over gloo's all_reduce, same run, interleaved."""
     W, n = 2, 1 << 18
-    res = hd.run(body_cpu_perf, W, seed, n, 5, impl_path=impl_path, timeout=LARGE_T)
+    res = hd.run(body_cpu_perf, W, seed, n, 5, impl=impl, timeout=LARGE_T)
     ring = max(r["ring"] for r in res)
     gloo = max(r["gloo"] for r in res)
     assert max(r["err"] for r in res) < 1e-3, "the timed ring all-reduce disagrees with gloo's all_reduce"
@@ -537,13 +532,13 @@ def test_cpu_time_vs_gloo_all_reduce(impl_path, seed, record_perf):
 @pytest.mark.gpu
 @pytest.mark.perf
 @pytest.mark.part("C")
-def test_busbw_vs_nccl(impl_path, seed, record_perf):
+def test_busbw_vs_nccl(impl, seed, record_perf):
     """busbw (nccl-tests) = 2(W-1)/W * bytes / time; ratio = NCCL busbw / yours (lower is better)."""
     W = min(torch.cuda.device_count(), 8)
     if W < 2:
         pytest.skip("needs at least 2 CUDA GPUs for an NCCL ring")
     n = 16 * 2**20  # 64 MiB of float32
-    res = hd.run(body_gpu_perf, W, seed, n, impl_path=impl_path, timeout=300, device="cuda")
+    res = hd.run(body_gpu_perf, W, seed, n, impl=impl, timeout=300, device="cuda")
     t_student = max(r["student"] for r in res)
     t_nccl = max(r["nccl"] for r in res)
     nbytes = 4 * n

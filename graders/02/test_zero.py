@@ -47,80 +47,35 @@ def has_grad(none, rank, step, gi, pi) -> bool:
     return rank not in arg
 
 
-def body_train(ctx, seed, groups, steps, kwargs, none, world_group=None, memory=False):
-    import torch.distributed as dist
+def body_train(rk, seed, groups, steps, kwargs, none, world_group=None, memory=False):
+    """Runs here, driving one rank: the parameters live on the rank (``rk.keep``), the grader
+    sets each step's gradients there and reads the parameters back after ``step()``."""
     group = None
-    rank, W = ctx.rank, ctx.world_size
+    rank, W = rk.rank, rk.world_size
     if world_group is not None:  # split the world into subgroups, run in ours
-        subgroups = [dist.new_group(m) for m in world_group]
+        subgroups = rk.new_groups(world_group)
         group = next(g for g, m in zip(subgroups, world_group) if rank in m)
         members = next(m for m in world_group if rank in m)
         rank, W = members.index(rank), len(members)
-    params = [[p.clone().requires_grad_(True) for p in ps] for ps in make_params(seed, groups)]
+    params = [[rk.keep(p.clone().requires_grad_(True)) for p in ps] for ps in make_params(seed, groups)]
+    shapes = [[p.shape for p in ps] for ps in make_params(seed, groups)]
     pg = [{"params": ps, **opts} for ps, (_, opts) in zip(params, groups)]
-    with ctx.count_comm() as comm:
-        opt = ctx.impl.ZeroAdamW(pg, group=group, **kwargs)
+    opt = rk.impl.ZeroAdamW(pg, group=group, **kwargs)
     out = []
     for step in range(steps):
         for gi, ps in enumerate(params):
             for pi, p in enumerate(ps):
-                p.grad = (make_grad(seed, rank if world_group is None else ctx.rank, step, gi, pi, p.shape)
+                p.grad = (make_grad(seed, rank if world_group is None else rk.rank, step, gi, pi, shapes[gi][pi])
                           if has_grad(none, rank, step, gi, pi) else None)
-        with ctx.count_comm() as comm:
-            opt.step()
+        c = rk.call(opt.step)
         gn = opt.grad_norm
         out.append({"params": torch.cat([p.detach().reshape(-1) for ps in params for p in ps]),
                     "grad_norm": gn.detach().clone() if isinstance(gn, torch.Tensor) else gn,
-                    "comm": comm.report()})
+                    "comm": c.comm})
     result = {"steps": out}
     if memory:
-        result["state_bytes"] = state_bytes(opt, [p for ps in params for p in ps])
+        result["state_bytes"] = rk.reachable_bytes(opt, exclude=[p for ps in params for p in ps])
     return result
-
-
-def state_bytes(opt, params) -> dict:
-    """Bytes of every tensor storage reachable from ``opt`` (attributes, dicts, lists, ...),
-    except storages shared with the parameters or their gradients."""
-    exclude = set()
-    for p in params:
-        exclude.add(p.untyped_storage().data_ptr())
-        if p.grad is not None:
-            exclude.add(p.grad.untyped_storage().data_ptr())
-    seen_obj, seen_storage = set(), set()
-    total, largest = 0, (0, "")
-    stack = [(opt, "opt")]
-    skip = (type, type(math), type(len), type(state_bytes))
-    while stack:
-        obj, path = stack.pop()
-        if id(obj) in seen_obj or isinstance(obj, skip) or isinstance(obj, (str, bytes, int, float, bool)):
-            continue
-        seen_obj.add(id(obj))
-        if isinstance(obj, torch.Tensor):
-            st = obj.untyped_storage()
-            key = st.data_ptr()
-            if key in exclude or key in seen_storage or st.nbytes() == 0:
-                continue
-            seen_storage.add(key)
-            total += st.nbytes()
-            if st.nbytes() > largest[0]:
-                largest = (st.nbytes(), f"{path}: {tuple(obj.shape)} {obj.dtype}, storage {st.nbytes()} bytes")
-            continue
-        if isinstance(obj, dict):
-            for k, v in obj.items():
-                stack.append((k, f"{path}[key]"))
-                stack.append((v, f"{path}[{k!r}]" if isinstance(k, (str, int)) else f"{path}[..]"))
-        elif isinstance(obj, (list, tuple, set, frozenset)):
-            for i, v in enumerate(obj):
-                stack.append((v, f"{path}[{i}]"))
-        else:
-            d = getattr(obj, "__dict__", None)
-            if isinstance(d, dict):
-                for k, v in d.items():
-                    stack.append((v, f"{path}.{k}"))
-            for k in getattr(type(obj), "__slots__", ()):
-                if hasattr(obj, k):
-                    stack.append((getattr(obj, k), f"{path}.{k}"))
-    return {"total": total, "largest": largest[1]}
 
 
 def reference(seed, groups, steps, kwargs, none, W, rank_of=lambda r: r):
@@ -175,10 +130,10 @@ def check_training(res, ref, *, what, case, check_norm=False, ranks=None):
                                   "summed over every shard", case=c)
 
 
-def run_case(W, impl_path, seed, groups, *, steps=3, kwargs=None, none=None, what, case, check_norm=False):
+def run_case(W, impl, seed, groups, *, steps=3, kwargs=None, none=None, what, case, check_norm=False):
     kwargs = kwargs or {}
     none = none or {}
-    res = hd.run(body_train, W, seed, groups, steps, kwargs, none, impl_path=impl_path, timeout=T)
+    res = hd.run(body_train, W, seed, groups, steps, kwargs, none, impl=impl, timeout=T)
     ref = reference(seed, groups, steps, kwargs, none, W)
     check_training(res, ref, what=what, case=case, check_norm=check_norm)
     return res
@@ -193,37 +148,37 @@ def _n(groups):
 @pytest.mark.part("A")
 @pytest.mark.points(3)
 @pytest.mark.parametrize("W", [1, 2, 3, 4], ids=lambda w: f"W{w}")
-def test_matches_adamw_on_averaged_gradients(W, impl_path, seed):
+def test_matches_adamw_on_averaged_gradients(W, impl, seed):
     groups = [([(7, 5), (13,), (3, 1)], {})]
-    run_case(W, impl_path, seed, groups, kwargs={"lr": 1e-2, "weight_decay": 0.1},
+    run_case(W, impl, seed, groups, kwargs={"lr": 1e-2, "weight_decay": 0.1},
              what="parameters differ from torch.optim.AdamW fed the gradients averaged over the ranks",
              case=f"W={W}, N={_n(groups)}, 3 steps")
 
 
 @pytest.mark.part("A")
 @pytest.mark.parametrize("W", [3, 4], ids=lambda w: f"W{w}")
-def test_n_not_divisible_by_w_padding_never_leaks(W, impl_path, seed):
+def test_n_not_divisible_by_w_padding_never_leaks(W, impl, seed):
     groups = [([(4, 3), (2,)], {})]  # N = 14: the last shard is padded
-    run_case(W, impl_path, seed, groups, steps=3, kwargs={"lr": 3e-2, "betas": (0.8, 0.99), "eps": 1e-6},
+    run_case(W, impl, seed, groups, steps=3, kwargs={"lr": 3e-2, "betas": (0.8, 0.99), "eps": 1e-6},
              what="wrong parameters when N is not a multiple of W (padding of the last shard must never reach a "
                   "parameter)", case=f"W={W}, N=14, c=ceil(N/W)={-(-14 // W)}")
 
 
 @pytest.mark.part("A")
-def test_a_rank_that_owns_nothing(impl_path, seed):
+def test_a_rank_that_owns_nothing(impl, seed):
     groups = [([(2,), (1,)], {})]  # N = 3 on W = 4: c = 1, rank 3 owns nothing
-    run_case(4, impl_path, seed, groups, kwargs={"lr": 5e-2},
+    run_case(4, impl, seed, groups, kwargs={"lr": 5e-2},
              what="wrong parameters when a rank owns no element", case="W=4, N=3 (rank 3 owns nothing)")
 
 
 @pytest.mark.part("A")
 @pytest.mark.points(2)
 @pytest.mark.parametrize("W", [2, 3], ids=lambda w: f"W{w}")
-def test_param_groups_with_their_own_lr_and_weight_decay(W, impl_path, seed):
+def test_param_groups_with_their_own_lr_and_weight_decay(W, impl, seed):
     groups = [([(9, 2), (5,)], {"lr": 2e-2, "weight_decay": 0.2}),
               ([(3,)], {"lr": 5e-3, "weight_decay": 0.0, "betas": (0.5, 0.9)}),
               ([(4, 2)], {"eps": 1e-3})]  # N = 34; at W=3 rank 0 owns nothing of groups 1 and 2
-    run_case(W, impl_path, seed, groups, kwargs={"lr": 1e-2, "weight_decay": 0.05},
+    run_case(W, impl, seed, groups, kwargs={"lr": 1e-2, "weight_decay": 0.05},
              what="per-group hyper-parameters not honoured (each element uses its own group's lr, betas, eps, "
                   "weight_decay)", case=f"W={W}, 3 groups, N=34")
 
@@ -231,10 +186,10 @@ def test_param_groups_with_their_own_lr_and_weight_decay(W, impl_path, seed):
 @pytest.mark.part("A")
 @pytest.mark.points(2)
 @pytest.mark.parametrize("W", [2, 3], ids=lambda w: f"W{w}")
-def test_grad_none_on_all_ranks_leaves_param_unchanged(W, impl_path, seed):
+def test_grad_none_on_all_ranks_leaves_param_unchanged(W, impl, seed):
     groups = [([(6,), (5,), (4,)], {"weight_decay": 0.3})]
     none = {(0, 1): "all", (0, 2): ("first", 2)}  # param 1 never has a grad; param 2 only from step 3
-    run_case(W, impl_path, seed, groups, steps=4, kwargs={"lr": 1e-2}, none=none,
+    run_case(W, impl, seed, groups, steps=4, kwargs={"lr": 1e-2}, none=none,
              what="a parameter whose grad is None on every rank must stay unchanged (no weight decay) and not "
                   "advance its own step count (bias correction uses the per-parameter step)",
              case=f"W={W}, grad None: param 1 always, param 2 in steps 1-2")
@@ -242,21 +197,21 @@ def test_grad_none_on_all_ranks_leaves_param_unchanged(W, impl_path, seed):
 
 @pytest.mark.part("A")
 @pytest.mark.parametrize("W", [2, 4], ids=lambda w: f"W{w}")
-def test_grad_none_on_some_ranks_counts_as_zero(W, impl_path, seed):
+def test_grad_none_on_some_ranks_counts_as_zero(W, impl, seed):
     groups = [([(5,), (7,)], {})]
     none = {(0, 0): ("ranks", [0]), (0, 1): ("ranks", list(range(1, W)))}
-    run_case(W, impl_path, seed, groups, kwargs={"lr": 2e-2}, none=none,
+    run_case(W, impl, seed, groups, kwargs={"lr": 2e-2}, none=none,
              what="a grad that is None on some ranks only must count as zeros there (and still be averaged "
                   "over all W ranks)", case=f"W={W}")
 
 
 @pytest.mark.part("A")
 @pytest.mark.points(2)
-def test_group_is_honoured(impl_path, seed):
+def test_group_is_honoured(impl, seed):
     groups = [([(5, 3), (4,)], {})]
     steps, kwargs = 2, {"lr": 1e-2, "max_grad_norm": 1.0}
     subgroups = [[0, 2], [1, 3]]
-    res = hd.run(body_train, 4, seed, groups, steps, kwargs, {}, subgroups, impl_path=impl_path, timeout=T)
+    res = hd.run(body_train, 4, seed, groups, steps, kwargs, {}, subgroups, impl=impl, timeout=T)
     for members in subgroups:
         ref = reference(seed, groups, steps, kwargs, {}, len(members), rank_of=lambda r, m=members: m[r])
         check_training(res, ref, ranks=members, check_norm=True,
@@ -270,9 +225,9 @@ def test_group_is_honoured(impl_path, seed):
 @pytest.mark.part("B")
 @pytest.mark.points(2)
 @pytest.mark.parametrize("W", [1, 2, 3, 4], ids=lambda w: f"W{w}")
-def test_clips_by_global_norm_across_shards(W, impl_path, seed):
+def test_clips_by_global_norm_across_shards(W, impl, seed):
     groups = [([(6, 4), (9,)], {}), ([(5,)], {"lr": 3e-3})]
-    run_case(W, impl_path, seed, groups, kwargs={"lr": 1e-2, "max_grad_norm": 0.5}, check_norm=True,
+    run_case(W, impl, seed, groups, kwargs={"lr": 1e-2, "max_grad_norm": 0.5}, check_norm=True,
              what="clipping does not match clip_grad_norm_ on the averaged gradient (the norm is global: "
                   "sqrt of the sum of every shard's squares, not a local, averaged or max norm)",
              case=f"W={W}, N={_n(groups)}, max_grad_norm=0.5")
@@ -280,11 +235,11 @@ def test_clips_by_global_norm_across_shards(W, impl_path, seed):
 
 @pytest.mark.part("B")
 @pytest.mark.parametrize("W", [2, 3], ids=lambda w: f"W{w}")
-def test_no_clipping_below_max_norm_and_grad_norm_always_set(W, impl_path, seed):
+def test_no_clipping_below_max_norm_and_grad_norm_always_set(W, impl, seed):
     groups = [([(8,), (3, 3)], {})]
     for kwargs, label in (({"lr": 1e-2, "max_grad_norm": 1e4}, "max_grad_norm=1e4 (never clips)"),
                           ({"lr": 1e-2}, "max_grad_norm=None")):
-        run_case(W, impl_path, seed, groups, kwargs=kwargs, check_norm=True,
+        run_case(W, impl, seed, groups, kwargs=kwargs, check_norm=True,
                  what="gradients must be left alone when their global norm is below max_grad_norm (the clip "
                       "coefficient is clamped to 1), and grad_norm set after every step",
                  case=f"W={W}, {label}")
@@ -295,11 +250,11 @@ def test_no_clipping_below_max_norm_and_grad_norm_always_set(W, impl_path, seed)
 @pytest.mark.part("C")
 @pytest.mark.points(2)
 @pytest.mark.parametrize("W", [2, 4], ids=lambda w: f"W{w}")
-def test_optimizer_state_is_sharded(W, impl_path, seed):
+def test_optimizer_state_is_sharded(W, impl, seed):
     groups = [([(150, 200), (7_001,)], {}), ([(999,)], {"weight_decay": 0.0})]  # N = 38000
     N = _n(groups)
     steps, kwargs = 2, {"lr": 1e-3}
-    res = hd.run(body_train, W, seed, groups, steps, kwargs, {}, None, True, impl_path=impl_path, timeout=T)
+    res = hd.run(body_train, W, seed, groups, steps, kwargs, {}, None, True, impl=impl, timeout=T)
     ref = reference(seed, groups, steps, kwargs, {}, W)
     check_training(res, ref, what="wrong parameters", case=f"W={W}, N={N}")
     c = -(-N // W)
@@ -315,13 +270,13 @@ def test_optimizer_state_is_sharded(W, impl_path, seed):
 
 @pytest.mark.part("C")
 @pytest.mark.points(0)
-def test_communication_volume_per_step(impl_path, seed, record_perf):
+def test_communication_volume_per_step(impl, seed, record_perf):
     """Informational: elements passed to collectives per step against ZeRO-1's 2N."""
     W = 2
     groups = [([(40, 25)], {})]
     N = _n(groups)
     res = hd.run(body_train, W, seed, groups, 2, {"lr": 1e-3, "max_grad_norm": 1.0}, {},
-                 impl_path=impl_path, timeout=T)
+                 impl=impl, timeout=T)
     rep = res[0]["steps"][-1]["comm"]
     elems = rep["collective_elems"] + rep["sent_elems"]
     record_perf("zero_comm_elems_vs_2N", elems / (2 * N), elements=elems, N=N, W=W,
