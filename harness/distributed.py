@@ -274,12 +274,7 @@ def run(body: Callable, world_size: int, *args, impl, timeout: float = 30.0, dev
     hung = [rk for rk, t in zip(proxies, threads) if t.is_alive()]
     notes = {rk.rank: _rank_note(sb, rk) for rk in proxies}
     if hung or errors:
-        w = sb.worker
-        if w is not None:
-            w.terminate()
-        for t in threads:
-            t.join(timeout=10)
-        sb.kill()
+        _recover(sb, proxies, threads, hung, errors)
     if not hung and not errors:
         return [results[r] for r in range(world_size)]
     texts = {r: _describe(e) for r, e in errors.items()}
@@ -309,6 +304,25 @@ def run(body: Callable, world_size: int, *args, impl, timeout: float = 30.0, dev
         if r not in errors and r not in results:
             msgs.append(f"rank {r} of {world_size} did not finish (last note: {notes[r]!r})")
     raise RankError("\n\n".join(msgs)[:12000])
+
+
+def _recover(sb: Sandbox, proxies: list, threads: list, hung: list, errors: dict) -> None:
+    """After a failed run: when every rank answered (each returned or raised an error of the
+    submission's), leave its process group and keep the ranks; otherwise kill them all."""
+    healthy = not hung and sb.failed is None and not any(isinstance(e, SandboxError) for e in errors.values())
+    if healthy:
+        try:
+            for rk in proxies:
+                _sb.run_probe("destroy_pg", on=rk.impl, timeout=10, what=f"rank {rk.rank}: leaving the group")
+            return
+        except BaseException:  # noqa: BLE001 - then start afresh
+            pass
+    w = sb.worker
+    if w is not None:
+        w.terminate()
+    for t in threads:
+        t.join(timeout=10)
+    sb.kill()
 
 
 def first_error_at(done: threading.Event, start: float) -> float:

@@ -32,6 +32,9 @@ class Limits(_Strict):
 
     timeout_s: int = Field(1200, gt=0, description="wall-clock limit for the whole grader run, seconds")
     test_timeout_s: int = Field(300, gt=0, description="limit for one grader test, seconds")
+    call_timeout_s: float = Field(30.0, gt=0, description=(
+        "limit for one call into the sandboxed submission, seconds: a generous multiple of the reference's "
+        "slowest call plus a few seconds, so a hanging submission fails fast (two timeouts end its grading)"))
     memory_mb: int = Field(8192, gt=0, description="memory limit of the grading worker, MiB")
     cpus: float = Field(2.0, gt=0)
     pids: int = Field(512, gt=0)

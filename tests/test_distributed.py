@@ -65,6 +65,26 @@ def add_(t, v):
     return t
 
 
+_STASH = {"ar": dist.all_reduce}
+
+
+def bypasses(t):
+    """Collectives the counter must see although they dodge the module attribute."""
+    out = []
+    for how in ("saved_name", "saved_in_dict", "process_group"):
+        try:
+            if how == "saved_name":
+                saved_all_reduce(t)
+            elif how == "saved_in_dict":
+                _STASH["ar"](t)
+            else:
+                dist.distributed_c10d._get_default_group().allreduce([t]).wait()
+            out.append(how + " ran")
+        except AssertionError:
+            out.append(how + " refused")
+    return out
+
+
 def hostname_peer():
     import socket
     try:
@@ -108,6 +128,13 @@ def test_counter_counts_p2p_and_records_forbidden_collectives(toy):
 def test_nested_collectives_counted_once_and_saved_names_are_counted(toy):
     res = hd.run(lambda rk: rk.call(rk.impl.collectives), 2, impl=toy)
     assert res[0].comm["collectives"] == {"all_reduce": 1, "all_gather_into_tensor": 1}
+
+
+def test_collectives_are_counted_however_they_are_reached(toy):
+    res = hd.run(lambda rk: rk.call(rk.impl.bypasses, torch.ones(3), forbid_collectives=hd.DATA_COLLECTIVES), 2,
+                 impl=toy)
+    assert res[0].out == ["saved_name refused", "saved_in_dict refused", "process_group refused"]
+    assert res[0].comm["forbidden"] == ["all_reduce"] * 3
 
 
 def test_in_place_calls_return_args_and_identity(toy):
