@@ -1,5 +1,23 @@
-"""nbgrader, both ways: export the labs as an nbgrader course, and record
-``labs grade-all`` scores in an nbgrader gradebook.
+"""nbgrader, both ways: export the labs as an nbgrader course, and record the
+sandboxed grader's scores in an nbgrader gradebook.
+
+Grades never come from a notebook kernel. nbgrader's autograde runs every cell
+of a student's notebook in one kernel, so an earlier cell can patch whatever a
+later cell calls (this module, pytest, ``subprocess``, builtins, IPython's
+display hooks); a score computed or printed there is worth nothing. So the
+exported notebooks have *no* nbgrader grade cells: ``nbgrader autograde``
+computes no points from them, and the only grade cells of the gradebook are the
+ones ``labs grade-all --gradebook`` writes (``GradebookWriter``) after grading
+each module, taken as text from the notebook file, in the sandbox.
+
+The instructor's path to grades (in the nbgrader course ``COURSE/``)::
+
+    labs nbgrader export COURSE/                      # once, in the labs course checkout
+    cd COURSE && nbgrader generate_assignment labNN   # release/labNN/labNN.ipynb: the stub
+    nbgrader collect labNN                            # (or zip_collect) -> submitted/<student>/labNN/
+    labs nbgrader collect-modules COURSE/ --lab NN    # -> COURSE/labs_modules/labNN/<student>/NN/<module>.py
+    labs grade-all COURSE/labs_modules/labNN --lab NN --gradebook sqlite:///COURSE/gradebook.db
+    nbgrader export / formgrader                      # show those scores
 
 ``labs nbgrader export COURSE/`` writes::
 
@@ -7,33 +25,26 @@
     COURSE/source/labNN/labNN.ipynb    one assignment per lab
     COURSE/labs_course/                labs.yaml, graders/NN/ (hidden), labs/NN/<stub>
 
-Each notebook has a handout cell, the *module cell* and one *autograder tests*
-cell per lab part. The module cell is ``%%writefile <module>.py`` followed by
-the stub, then ``### BEGIN SOLUTION`` / the reference / ``### END SOLUTION``
-(the reference comes after the stub, so its definitions win in the source
-notebook); ``nbgrader generate_assignment`` removes the region and leaves the
-stub, since ``nbgrader_config.py`` sets ``ClearSolutions.code_stub`` to an
-empty string. Running the cell writes the student's module next to the
-notebook. An autograder cell (``grade_id`` ``labNN-part-X``, ``points`` = the
-part's points in ``labs.yaml``) calls ``autograde_part``, which grades that
-file with the hidden graders (``harness.grading.grade``: pytest in a child
-process, once per notebook run) and returns the part's points, which nbgrader
-takes as partial credit.
+Each notebook has a handout cell (the lab's README without its checkout-only
+"Quick start"), the *module cell* and one *feedback* cell per lab part. The
+module cell is ``%%writefile <module>.py`` followed by the stub, then ``###
+BEGIN SOLUTION`` / the reference / ``### END SOLUTION`` (the reference comes
+after the stub, so its definitions win in the source notebook); ``nbgrader
+generate_assignment`` removes the region and leaves the stub, since
+``nbgrader_config.py`` sets ``ClearSolutions.code_stub`` to an empty string.
+The module cell's text (less its ``%%writefile`` line) is the submission:
+``collect_modules`` extracts it without running anything.
 
+A feedback cell (locked, not a grade cell) calls ``feedback_part``, which grades
+the written module file with the hidden graders when they are there (during a
+staff ``nbgrader autograde``, for ``generate_feedback``) and prints the part's
+tests under a "feedback only" banner; it returns nothing and counts for nothing.
 The hidden graders are not in ``source/labNN/``: nbgrader copies every file
-there into ``release/`` (and from ``autograded/`` into ``feedback/``), so they
-would reach students. They live in ``COURSE/labs_course/``, which
-``autograde_part`` finds by walking up from the notebook's folder
-(``autograded/<student>/labNN/`` during ``nbgrader autograde``), or from
-``$LABS_NBGRADER_COURSE``. The grading environment needs the harness
-installed (the course's locked environment).
-
-Trust: nbgrader runs a student's other cells in the same kernel as the
-autograder cells, so a notebook can tamper with its own grade. For grades that
-count, grade the submitted modules with ``labs grade-all ... --gradebook URL``
-(``GradebookWriter``), which runs every submission out of process and writes
-the same ``labNN-part-X`` grade cells, so formgrader and ``nbgrader export``
-show them.
+there to students. They live in ``COURSE/labs_course/``, found by walking up
+from the notebook's folder or from ``$LABS_NBGRADER_COURSE``. Note that
+``nbgrader autograde`` itself runs student cells outside the sandbox, on the
+staff machine, where ``labs_course/`` and ``submitted/`` are readable: it is
+optional (feedback only) and belongs in the course container, if used at all.
 """
 from __future__ import annotations
 
@@ -44,6 +55,7 @@ import json
 import os
 import re
 import shutil
+import tempfile
 import warnings
 from pathlib import Path
 
@@ -52,8 +64,11 @@ import click
 from .manifest import Course, Lab
 
 COURSE_DIR = "labs_course"       # the hidden graders' mini course inside the nbgrader course
+MODULES_DIR = "labs_modules"     # collect-modules' default output, COURSE/labs_modules/labNN/
 ENV_COURSE = "LABS_NBGRADER_COURSE"
 SCHEMA_VERSION = 3
+MAX_NOTEBOOK_BYTES = 50 << 20    # a bigger submitted notebook is not read
+FEEDBACK_ONLY = "Feedback only: this does not count. Your grade comes from the course's sandboxed grader."
 
 
 def assignment_name(lab: Lab) -> str:
@@ -65,7 +80,12 @@ def module_cell_id(lab: Lab) -> str:
 
 
 def part_cell_id(lab: Lab, part: str) -> str:
+    """The gradebook's grade cell of a part: written only by ``GradebookWriter``, never in a notebook."""
     return f"lab{lab.number}-part-{part}"
+
+
+def feedback_cell_id(lab: Lab, part: str) -> str:
+    return f"lab{lab.number}-feedback-{part}"
 
 
 def require_nbgrader():
@@ -109,8 +129,28 @@ def _cell(kind: str, source: str, nbgrader: dict | None = None) -> dict:
     return cell
 
 
+_QUICK_START = re.compile(r"^## Quick start\n.*?(?=^## |\Z)", re.M | re.S)
+
+
+def notebook_handout(readme: str) -> str:
+    """The lab's README for a notebook student: without its "Quick start" section
+    (``pytest labs/NN``, ``labs grade``: commands of a checkout, not of a notebook)."""
+    return _QUICK_START.sub("", readme)
+
+
+def feedback_cell_source(lab: Lab, key: str) -> str:
+    part = lab.parts[key]
+    return (f"# FEEDBACK ONLY, part {key} ({part.points:g} points): {part.title}.\n"
+            f"# This cell does not count: your grade comes from the course's sandboxed grader,\n"
+            f"# which grades the module cell above (its text, as submitted) after you submit.\n"
+            f"from harness.nbgrader_export import feedback_part\n"
+            f"feedback_part({lab.number!r}, {key!r}, {lab.filename!r})")
+
+
 def lab_notebook(course: Course, lab: Lab) -> dict:
-    """The source notebook (nbformat 4, as a dict) of one lab."""
+    """The source notebook (nbformat 4, as a dict) of one lab: intro, handout,
+    module cell, a reload cell, then one feedback cell per part. No cell is an
+    nbgrader grade cell, so ``nbgrader autograde`` computes no points from it."""
     root = course.root
     stub = (root / "labs" / lab.number / lab.filename).read_text()
     reference = (root / "solutions" / lab.number / lab.filename).read_text()
@@ -120,25 +160,30 @@ def lab_notebook(course: Course, lab: Lab) -> dict:
              f"Write your implementation of `{lab.filename}` in the module cell below: replace each "
              f"`raise NotImplementedError(...)` and keep the names and signatures. Running that cell writes "
              f"`{lab.filename}` next to this notebook; `import {lab.module}` (after "
-             f"`importlib.reload`) tries it out.\n\n{parts}\n\nThe cells after the module run the hidden "
-             f"graders when the course staff autograde; each earns its part's points, shared among that "
-             f"part's tests.")
+             f"`importlib.reload`) tries it out.\n\n{parts}\n\n"
+             f"**How you are graded.** After you submit, the course staff take the text of the module cell "
+             f"(only that cell: keep all of `{lab.filename}` in it) and grade it with the hidden graders in "
+             f"the course's sandboxed grader. Nothing else in this notebook counts: the feedback cells at "
+             f"the end only show test results, and only where the hidden graders are installed (when the "
+             f"staff run them for feedback). The handout below is the lab's README: where it speaks of "
+             f"`labs/{lab.number}/{lab.filename}`, read the module cell.")
     cells = [_cell("markdown", intro, {"grade": False, "solution": False, "locked": True,
                                        "grade_id": f"lab{lab.number}-intro"})]
     if readme.is_file():
-        cells.append(_cell("markdown", readme.read_text(), {"grade": False, "solution": False, "locked": True,
-                                                             "grade_id": f"lab{lab.number}-handout"}))
+        cells.append(_cell("markdown", notebook_handout(readme.read_text()),
+                           {"grade": False, "solution": False, "locked": True,
+                            "grade_id": f"lab{lab.number}-handout"}))
     cells.append(_cell("code", module_cell_source(stub, reference, lab.filename),
                        {"grade": False, "solution": True, "locked": False, "task": False,
                         "grade_id": module_cell_id(lab)}))
     cells.append(_cell("code", f"import importlib\nimport {lab.module}\n{lab.module} = importlib.reload({lab.module})"))
-    for key, part in lab.parts.items():
-        src = (f"# Part {key} ({part.points:g} points): {part.title}.\n"
-               f"# Autograded: the hidden graders of part {key} run here (partial credit).\n"
-               f"from harness.nbgrader_export import autograde_part\n"
-               f"autograde_part({lab.number!r}, {key!r}, {lab.filename!r})")
-        cells.append(_cell("code", src, {"grade": True, "solution": False, "locked": True, "task": False,
-                                         "points": float(part.points), "grade_id": part_cell_id(lab, key)}))
+    cells.append(_cell("markdown", f"## Feedback (does not count)\n\n{FEEDBACK_ONLY}",
+                       {"grade": False, "solution": False, "locked": True,
+                        "grade_id": f"lab{lab.number}-feedback"}))
+    for key in lab.parts:
+        cells.append(_cell("code", feedback_cell_source(lab, key),
+                           {"grade": False, "solution": False, "locked": True, "task": False,
+                            "grade_id": feedback_cell_id(lab, key)}))
     for i, cell in enumerate(cells):  # nbformat 4.5 cell ids: the grade id where there is one
         cell["id"] = cell["metadata"].get("nbgrader", {}).get("grade_id") or f"lab{lab.number}-cell-{i}"
     return {"cells": cells, "nbformat": 4, "nbformat_minor": 5,
@@ -151,9 +196,16 @@ NBGRADER_CONFIG = '''\
 
 Each lab notebook's module cell holds the stub, then the reference inside
 ### BEGIN SOLUTION / ### END SOLUTION; releasing removes the region and
-leaves the stub, so the solution stub is empty. The autograder cells grade the
-whole module with the hidden graders in labs_course/ (never in source/, which
+leaves the stub, so the solution stub is empty.
+
+The notebooks have no grade cells: `nbgrader autograde` records no points.
+Grades come from the sandboxed grader, outside any notebook kernel:
+    labs nbgrader collect-modules COURSE/ --lab NN
+    labs grade-all COURSE/labs_modules/labNN --lab NN --gradebook sqlite:///COURSE/gradebook.db
+`nbgrader autograde` is optional, for feedback only: its feedback cells grade
+the module with the hidden graders in labs_course/ (never in source/, which
 nbgrader copies to students), so they may take minutes: see Execute.timeout.
+It runs student code outside the sandbox: use it in the course container.
 """
 c = get_config()  # noqa: F821
 
@@ -204,7 +256,7 @@ def export_course(course: Course, dest: Path, labs: list[Lab] | None = None) -> 
     return notes
 
 
-# --- autograding inside a notebook ---------------------------------------------------
+# --- feedback inside a notebook (counts for nothing) ----------------------------------
 
 _cache: dict = {}
 
@@ -219,43 +271,118 @@ def find_course(start: Path | None = None) -> Path:
     for d in [here, *here.parents]:
         if (d / COURSE_DIR / "labs.yaml").is_file():
             return d / COURSE_DIR
-    raise FileNotFoundError(f"no hidden graders: no {COURSE_DIR}/labs.yaml in {here} or above "
-                            f"(they run when the course staff autograde; set {ENV_COURSE} to point elsewhere)")
+    raise FileNotFoundError(f"no hidden graders: no {COURSE_DIR}/labs.yaml in {here} or above")
 
 
-def autograde_part(lab_number: str, part: str, filename: str, *, timeout_s: float | None = None) -> float:
-    """Grade the module file ``filename`` (written by the module cell, in the
-    current directory) with the lab's hidden graders, once per file content, and
-    return part ``part``'s points (nbgrader's partial credit). Prints each test
-    of the part to stdout; never writes to stderr (nbgrader scores a cell that
-    does as 0)."""
-    import tempfile
-
+def feedback_part(lab_number: str, part: str, filename: str, *, timeout_s: float | None = None) -> None:
+    """Print feedback on part ``part``: the module file ``filename`` (written by
+    the module cell, in the current directory) graded with the lab's hidden
+    graders (``harness.grading.grade``, once per file content), when they are
+    installed here. Returns nothing, and never counts: this runs in the
+    student's kernel, where any earlier cell can change what it does. Never
+    writes to stderr and never raises for the student's fault."""
     from . import grading, manifest
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        course = manifest.load(find_course())
-        lab = course.lab(lab_number)
-        src = Path(filename).resolve()
-        if not src.is_file():
-            raise FileNotFoundError(f"{filename} was not written: run the module cell (%%writefile {filename})")
-        digest = hashlib.sha256(src.read_bytes()).hexdigest()
-        key = (str(course.root), lab.number, digest)
-        if key not in _cache:
-            with tempfile.TemporaryDirectory(prefix="labs-nbgrader-") as tmp, \
-                    contextlib.redirect_stderr(io.StringIO()):
-                (Path(tmp) / lab.number).mkdir()
-                shutil.copyfile(src, Path(tmp) / lab.number / lab.filename)
+    print(FEEDBACK_ONLY)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            course = manifest.load(find_course())
+    except FileNotFoundError:
+        print("The hidden graders are not installed here, so there is no feedback to show; "
+              "they grade your module cell after you submit.")
+        return
+    lab = course.lab(lab_number)
+    src = Path(filename).resolve()
+    if not src.is_file():
+        print(f"{filename} was not written: run the module cell (%%writefile {filename}) first.")
+        return
+    key = (str(course.root), lab.number, hashlib.sha256(src.read_bytes()).hexdigest())
+    if key not in _cache:
+        with tempfile.TemporaryDirectory(prefix="labs-nbgrader-") as tmp, \
+                contextlib.redirect_stderr(io.StringIO()), warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            (Path(tmp) / lab.number).mkdir()
+            shutil.copyfile(src, Path(tmp) / lab.number / lab.filename)
+            try:
                 _cache[key] = grading.grade(tmp, lab, course, timeout_s=timeout_s, sandbox="process")
-        result = _cache[key]
-    tests = [t for t in result.tests if t.part == part]
+            except grading.GradingError as e:
+                print(f"feedback could not be computed: {e}")
+                return
+    result = _cache[key]
     for note in result.notes:
         print(f"note: {note}")
-    for t in tests:
+    for t in (t for t in result.tests if t.part == part):
         line = (t.output or "").splitlines()[0][:200] if t.output else ""
         print(f"{t.score:6.2f}/{t.max_score:<6.2f} {t.outcome:8s} {t.name}" + (f"  -- {line}" if line else ""))
-    points = lab.parts[part].points
-    return round(min(points, max(0.0, sum(t.score for t in tests))), 4)
+
+
+# --- collecting the submitted modules (no notebook is run) ---------------------------------
+
+def _text(source) -> str:
+    return source if isinstance(source, str) else "".join(s for s in source if isinstance(s, str))
+
+
+def module_source(nb: dict, lab: Lab) -> str | None:
+    """The submission in a notebook (parsed JSON): the body of its module cell,
+    i.e. what running ``%%writefile <module>.py`` would write. The module cell is
+    the first code cell whose nbgrader ``grade_id`` is ``labNN-module``, else
+    the first code cell opening with ``%%writefile <module>.py``; ``None`` when
+    there is none. Other cells are ignored: they are not the module."""
+    code = [c for c in nb.get("cells") or [] if isinstance(c, dict) and c.get("cell_type") == "code"]
+
+    def grade_id(c):
+        meta = c.get("metadata")
+        nbg = meta.get("nbgrader") if isinstance(meta, dict) else None
+        return nbg.get("grade_id") if isinstance(nbg, dict) else None
+
+    def writes_module(c):
+        words = _text(c.get("source", "")).split("\n", 1)[0].split()
+        return words[:1] == ["%%writefile"] and words[-1:] == [lab.filename]
+
+    cell = next((c for c in code if grade_id(c) == module_cell_id(lab)), None) \
+        or next((c for c in code if writes_module(c)), None)
+    if cell is None:
+        return None
+    text = _text(cell.get("source", ""))
+    first, _, body = text.partition("\n")
+    return body if first.split()[:1] == ["%%writefile"] else text
+
+
+def collect_modules(nb_root: Path, lab: Lab, out: Path) -> tuple[list[str], list[str]]:
+    """Write ``out/<student>/NN/<module>.py`` from each ``nb_root/submitted/<student>/labNN/labNN.ipynb``
+    (``module_source``; nothing is executed), ready for ``labs grade-all out/``.
+    A student whose notebook is missing, unreadable or has no module cell gets an
+    empty folder (grade-all: "no module"). Each student's folder is rewritten.
+    Returns (students, notes)."""
+    name = assignment_name(lab)
+    submitted = nb_root / "submitted"
+    if not submitted.is_dir():
+        raise FileNotFoundError(f"{submitted} does not exist: run `nbgrader collect {name}` first")
+    students, notes = [], []
+    for d in sorted(submitted.iterdir()):
+        if not d.is_dir() or d.name.startswith(".") or not (d / name).is_dir():
+            continue
+        dest = out / d.name
+        if dest.is_dir() and not dest.is_symlink():
+            shutil.rmtree(dest)
+        dest.mkdir(parents=True)
+        students.append(d.name)
+        nb_path = d / name / f"{name}.ipynb"
+        try:
+            if not nb_path.is_file() or nb_path.is_symlink():
+                raise ValueError(f"no {name}.ipynb")
+            if nb_path.stat().st_size > MAX_NOTEBOOK_BYTES:
+                raise ValueError(f"{name}.ipynb is over {MAX_NOTEBOOK_BYTES >> 20} MiB")
+            nb = json.loads(nb_path.read_text(encoding="utf-8"))
+            body = module_source(nb, lab) if isinstance(nb, dict) else None
+            if body is None:
+                raise ValueError(f"no module cell ({module_cell_id(lab)} or %%writefile {lab.filename})")
+        except (OSError, ValueError, TypeError, AttributeError, RecursionError) as e:
+            notes.append(f"{d.name}: {e}")
+            continue
+        (dest / lab.number).mkdir()
+        (dest / lab.number / lab.filename).write_text(body, encoding="utf-8")
+    return students, notes
 
 
 # --- the gradebook ----------------------------------------------------------------------
@@ -270,14 +397,19 @@ def part_scores(results: dict) -> dict[str, float]:
 
 
 class GradebookWriter:
-    """Record ``labs grade-all`` results in an nbgrader gradebook (``Gradebook(url)``).
+    """Record ``labs grade-all`` results in an nbgrader gradebook (``Gradebook(url)``):
+    the only scores that count.
 
-    The lab is assignment ``labNN`` with notebook ``labNN`` and one autograded
-    grade cell ``labNN-part-X`` per part (max score = the part's points), the
-    same names ``export_course`` gives the notebook's cells, so a course made by
-    ``nbgrader generate_assignment`` and one made here share a gradebook. Each
-    student's ``auto_score`` per part is set; the per-test breakdown is the
-    auto comment on the module cell ``labNN-module``. Re-recording overwrites."""
+    The lab is assignment ``labNN`` with notebook ``labNN`` (the names
+    ``export_course`` uses, so it shares the gradebook of ``nbgrader
+    generate_assignment``) and one autograded grade cell ``labNN-part-X`` per
+    part (max score = the part's points), added here: the exported notebooks
+    have no grade cells, so ``nbgrader autograde`` never writes these scores.
+    Each student's ``auto_score`` per part is set; the per-test breakdown is the
+    auto comment on the module cell ``labNN-module``. Re-recording overwrites.
+    (nbgrader refuses to regenerate an assignment whose cells differ from the
+    gradebook's once it has submissions: run ``generate_assignment`` before
+    recording grades.)"""
 
     def __init__(self, url: str, lab: Lab):
         api = require_nbgrader()
@@ -310,6 +442,18 @@ class GradebookWriter:
         except api.MissingEntry:
             gb.add_solution_cell(module_cell_id(self.lab), nb, a)
 
+    def _grade(self, cell_id: str, student: str):
+        """The student's grade row of a grade cell; made when the submission is older
+        than the cell (``nbgrader autograde`` ran before the first recording)."""
+        api, gb, a, nb = self.api, self.gb, self.assignment, self.notebook
+        try:
+            return gb.find_grade(cell_id, nb, a, student)
+        except api.MissingEntry:
+            grade = api.Grade(cell=gb.find_grade_cell(cell_id, nb, a),
+                              notebook=gb.find_submission_notebook(nb, a, student))
+            gb.db.add(grade)
+            return grade
+
     def record(self, student: str, results: dict) -> None:
         api, gb, a, nb = self.api, self.gb, self.assignment, self.notebook
         gb.update_or_create_student(student)
@@ -321,7 +465,7 @@ class GradebookWriter:
                 gb.add_submission(a, student)
         scores = part_scores(results)
         for key, part in self.lab.parts.items():
-            grade = gb.find_grade(part_cell_id(self.lab, key), nb, a, student)
+            grade = self._grade(part_cell_id(self.lab, key), student)
             grade.auto_score = round(min(float(part.points), scores.get(key, 0.0)), 4)
             grade.needs_manual_grade = False
         status = results.get("extra_data", {}).get("status", "")
@@ -342,7 +486,7 @@ class GradebookWriter:
 
 @click.group("nbgrader")
 def nbgrader_group():
-    """nbgrader: export the labs as an nbgrader course (`grade-all --gradebook` records scores)."""
+    """nbgrader: export the labs as an nbgrader course; collect the submitted modules for `grade-all --gradebook`."""
 
 
 @nbgrader_group.command("export")
@@ -351,11 +495,11 @@ def nbgrader_group():
 @click.pass_context
 def export_command(ctx, dest, lab_numbers):
     """Write an nbgrader course to DEST: nbgrader_config.py, source/labNN/labNN.ipynb
-    per lab (the reference in a solution region, autograder cells per part) and the
-    hidden graders in DEST/labs_course/.
+    per lab (the reference in a solution region, feedback cells that do not count)
+    and the hidden graders in DEST/labs_course/.
 
-    Then, in DEST: `nbgrader generate_assignment labNN`, `nbgrader autograde labNN`,
-    `nbgrader formgrader`, `nbgrader generate_feedback labNN` as usual.
+    Grades: `nbgrader generate_assignment labNN`, `nbgrader collect labNN`, then
+    `labs nbgrader collect-modules DEST --lab NN` and `labs grade-all ... --gradebook`.
     """
     from .cli import _course, _lab
     course = _course(ctx)
@@ -368,3 +512,27 @@ def export_command(ctx, dest, lab_numbers):
         click.echo(f"wrote {dest / p}")
     click.echo(f"hidden graders in {dest / COURSE_DIR}; next: cd {dest} && nbgrader generate_assignment "
                f"{written[0].parent.name if written else 'labNN'}")
+
+
+@nbgrader_group.command("collect-modules")
+@click.argument("nb_course", type=click.Path(file_okay=False, exists=True, path_type=Path))
+@click.option("--lab", "lab_number", required=True, help="Lab number, e.g. 04.")
+@click.option("--out", "out_dir", type=click.Path(file_okay=False, path_type=Path), default=None,
+              help=f"Where to write STUDENT/NN/<module>.py (default: NB_COURSE/{MODULES_DIR}/labNN).")
+@click.pass_context
+def collect_modules_command(ctx, nb_course, lab_number, out_dir):
+    """Extract the module cell of each notebook in NB_COURSE/submitted/*/labNN/
+    (after `nbgrader collect labNN`) into OUT/STUDENT/NN/<module>.py, as text:
+    nothing is run. Then grade them: `labs grade-all OUT --lab NN --gradebook URL`."""
+    from .cli import LabsError, _course, _lab
+    lab = _lab(_course(ctx), lab_number)
+    out = out_dir or nb_course / MODULES_DIR / assignment_name(lab)
+    try:
+        students, notes = collect_modules(nb_course, lab, out)
+    except FileNotFoundError as e:
+        raise LabsError(str(e)) from None
+    for note in notes:
+        click.echo(f"labs: note: {note}", err=True)
+    db = (nb_course / "gradebook.db").resolve()
+    click.echo(f"wrote {len(students) - len(notes)} of {len(students)} modules into {out}; next: labs grade-all "
+               f"{out} --lab {lab.number} --gradebook sqlite:///{db}")

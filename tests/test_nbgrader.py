@@ -1,11 +1,13 @@
 """nbgrader both ways: `labs nbgrader export` (real course structure; a real
-`nbgrader generate_assignment` / `autograde` / `export` run on the toy lab) and
-`labs grade-all --gradebook` (same scores through `nbgrader export`)."""
+`nbgrader generate_assignment` / `autograde` / `export` run on the toy lab),
+`labs nbgrader collect-modules` and `labs grade-all --gradebook`: the only
+scores in the gradebook, which no notebook cell can change."""
 from __future__ import annotations
 
 import csv
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -19,15 +21,28 @@ from tests.conftest import ROOT, TOY_GRADER, TOY_SOLUTION, TOY_STUB
 nbgrader = pytest.importorskip("nbgrader", reason="nbgrader is the optional extra `nbgrader` (make test installs it)")
 
 
+# nbgrader's Gradebook runs the `alembic` console script: the venv's bin on PATH
+ENV = {**os.environ, "LABS_PROGRESS": "off",
+       "PATH": os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")])}
+
+
+@pytest.fixture(autouse=True)
+def _venv_on_path(monkeypatch):
+    monkeypatch.setenv("PATH", ENV["PATH"])  # for in-process Gradebook() too
+
+
 def labs(cwd, *args, timeout=600):
     return subprocess.run([sys.executable, "-m", "harness", *args], cwd=cwd, capture_output=True, text=True,
-                          timeout=timeout, env={**os.environ, "LABS_PROGRESS": "off"})
+                          timeout=timeout, env=ENV)
 
 
-def nbg(cwd, *args, timeout=900):
+def nbg(cwd, *args, timeout=900, failing_students=()):
+    """Run nbgrader; it must succeed, or fail for exactly ``failing_students``."""
     p = subprocess.run([sys.executable, "-m", "nbgrader", *args], cwd=cwd, capture_output=True, text=True,
-                       timeout=timeout)
-    assert p.returncode == 0, f"nbgrader {' '.join(args)} failed:\n{p.stdout[-3000:]}\n{p.stderr[-3000:]}"
+                       timeout=timeout, env=ENV)
+    failed = sorted(re.findall(r"error processing assignment '[^']*' for student '([^']*)'", p.stdout + p.stderr))
+    assert (p.returncode == 0) == (not failing_students) and failed == sorted(failing_students), \
+        f"nbgrader {' '.join(args)} failed:\n{p.stdout[-3000:]}\n{p.stderr[-3000:]}"
     return p
 
 
@@ -65,10 +80,16 @@ def test_export_real_course_notebooks_configs_and_hidden_graders(tmp_path):
         assert c[f"{name}-module"]["metadata"]["nbgrader"] == {
             "schema_version": 3, "grade": False, "solution": True, "locked": False, "task": False,
             "grade_id": f"{name}-module"}
-        for key, part in lab.parts.items():
-            meta = c[f"{name}-part-{key}"]["metadata"]["nbgrader"]
-            assert meta["grade"] and meta["locked"] and meta["points"] == part.points
-            assert f"autograde_part({lab.number!r}, {key!r}, {lab.filename!r})" in src(c[f"{name}-part-{key}"])
+        # no grade cell: nbgrader autograde computes no points; the feedback cells say they do not count
+        assert not [k for k, cell in c.items() if cell["metadata"].get("nbgrader", {}).get("grade")]
+        for key in lab.parts:
+            cell = c[f"{name}-feedback-{key}"]
+            assert cell["metadata"]["nbgrader"]["locked"] and "points" not in cell["metadata"]["nbgrader"]
+            assert src(cell).startswith("# FEEDBACK ONLY") and "does not count" in src(cell)
+            assert f"feedback_part({lab.number!r}, {key!r}, {lab.filename!r})" in src(cell)
+        handout = src(c[f"{name}-handout"])
+        assert f"pytest labs/{lab.number} " not in handout and "## Quick start" not in handout
+        assert "sandboxed grader" in src(c[f"{name}-intro"])
         graders = sorted(p.name for p in (ROOT / "graders" / lab.number).glob("*.py"))
         assert sorted(p.name for p in (nb_root / "labs_course/graders" / lab.number).glob("*.py")) == graders
     # nothing that nbgrader copies to students holds a grader or a reference
@@ -96,15 +117,50 @@ def full_marks_toy(toy_course: Path) -> Path:
     return toy_course
 
 
-def submit(nb_root: Path, student: str, module_source: str | None):
+# A notebook that tries to grade itself: its module cell is the stub plus patches of the feedback
+# helper, the grading pipeline and pytest; a later cell patches them again in the kernel (where
+# nbgrader autograde runs it), and a forged grade cell claims points.
+ATTACK_MODULE = TOY_STUB + """
+import builtins, sys
+try:
+    import harness.grading, harness.nbgrader_export as nbx
+    nbx.feedback_part = nbx.autograde_part = lambda *a, **k: print("6.00/6.00  passed   test_adds") or 6.0
+    harness.grading.grade = lambda *a, **k: None
+except Exception:
+    pass
+try:
+    import _pytest.reports
+    _pytest.reports.TestReport.outcome = property(lambda self: "passed", lambda self, v: None)
+except Exception:
+    pass
+"""
+KERNEL_PATCH = """\
+import builtins, subprocess, sys, harness.nbgrader_export as nbx, harness.grading
+nbx.feedback_part = nbx.autograde_part = lambda *a, **k: print("6.00/6.00  passed   test_adds") or 6.0
+harness.grading.grade = lambda *a, **k: None
+nbx.GradebookWriter.record = lambda *a, **k: None
+subprocess.run = subprocess.Popen = lambda *a, **k: None
+sys.modules["pytest"] = sys.modules["_pytest"] = None
+builtins.open = lambda *a, **k: None
+"""
+
+
+def submit(nb_root: Path, student: str, module_source: str | None, extra_cells=()):
     released = nb_root / "release/lab07/lab07.ipynb"
     nb = json.loads(released.read_text())
-    for c in nb["cells"]:
+    for i, c in enumerate(nb["cells"]):
         if module_source is not None and c["metadata"].get("nbgrader", {}).get("grade_id") == "lab07-module":
             c["source"] = "%%writefile toy.py\n" + module_source
+            nb["cells"][i + 1:i + 1] = list(extra_cells)
+            break
     d = nb_root / "submitted" / student / "lab07"
     d.mkdir(parents=True)
     (d / "lab07.ipynb").write_text(json.dumps(nb))
+
+
+def code_cell(source: str, nbgrader: dict | None = None) -> dict:
+    meta = {"nbgrader": {"schema_version": 3, **nbgrader}} if nbgrader else {}
+    return {"cell_type": "code", "metadata": meta, "source": source, "execution_count": None, "outputs": []}
 
 
 def nb_export(nb_root: Path, out: Path, db_url: str | None = None) -> dict[str, dict]:
@@ -113,7 +169,11 @@ def nb_export(nb_root: Path, out: Path, db_url: str | None = None) -> dict[str, 
     return {r["student_id"]: r for r in csv.DictReader(out.open())}
 
 
-def test_nbgrader_generate_assignment_autograde_and_gradebook_push_agree(toy_course, tmp_path):
+def scores(rows: dict[str, dict], column="raw_score") -> dict[str, float]:
+    return {s: float(r[column]) for s, r in rows.items()}
+
+
+def test_nbgrader_round_trip_grades_come_only_from_the_sandboxed_grader(toy_course, tmp_path):
     full_marks_toy(toy_course)
     nb_root = tmp_path / "nbcourse"
     p = labs(toy_course, "nbgrader", "export", str(nb_root))
@@ -128,36 +188,78 @@ def test_nbgrader_generate_assignment_autograde_and_gradebook_push_agree(toy_cou
 
     submit(nb_root, "ref", TOY_SOLUTION)
     submit(nb_root, "stub", None)
-    nbg(nb_root, "autograde", "lab07")
-    assert sorted(p.name for p in (nb_root / "autograded/ref/lab07").iterdir()) == ["lab07.ipynb", "toy.py"]
+    submit(nb_root, "attack", ATTACK_MODULE, [code_cell(KERNEL_PATCH)])
+    submit(nb_root, "forger", TOY_STUB, [code_cell("10.0", {  # a forged grade cell: nbgrader rejects it
+        "grade": True, "solution": False, "locked": False, "points": 100.0, "grade_id": "lab07-part-A"})])
+
+    # nbgrader autograde is feedback only: it records no points, whatever the kernel does
+    nbg(nb_root, "autograde", "lab07", failing_students=["forger"])
     graded = cells(nb_root / "autograded/ref/lab07/lab07.ipynb")
-    assert "passed   test_adds" in json.dumps(graded["lab07-part-A"]["outputs"])
-    rows = nb_export(nb_root, tmp_path / "autograde.csv")
-    assert float(rows["ref"]["raw_score"]) == 10.0 and float(rows["ref"]["max_score"]) == 10.0
-    assert float(rows["stub"]["raw_score"]) == 0.0
+    out = json.dumps(graded["lab07-feedback-A"]["outputs"])
+    assert "Feedback only" in out and "passed   test_adds" in out
+    attacked = json.loads((nb_root / "autograded/attack/lab07/lab07.ipynb").read_text())
+    outputs = [o for c in attacked["cells"] for o in c.get("outputs", [])]
+    assert not [o for o in outputs if o["output_type"] == "error"]  # every patch ran in the kernel
+    assert "6.00/6.00  passed" in json.dumps(outputs)  # and its feedback lies, which is all it can do
+    assert set(scores(nb_export(nb_root, tmp_path / "autograde.csv")).values()) == {0.0}
 
-    # grade-all on the same modules, pushed into a new gradebook and into the course's own
-    subs = tmp_path / "subs"
-    for student, text in (("ref", TOY_SOLUTION), ("stub", TOY_STUB)):
-        (subs / student).mkdir(parents=True)
-        (subs / student / "toy.py").write_text(text)
-    fresh = f"sqlite:///{tmp_path / 'fresh.db'}"
-    p = labs(toy_course, "grade-all", str(subs), "--lab", "07", "--out", str(tmp_path / "out"), "--jobs", "2",
-             "--sandbox", "process", "--gradebook", fresh)
-    assert p.returncode == 0, p.stdout + p.stderr
-    pushed = nb_export(nb_root, tmp_path / "pushed.csv", fresh)
-    assert {s: float(r["raw_score"]) for s, r in pushed.items()} == {"ref": 10.0, "stub": 0.0}
-    assert {s: float(r["max_score"]) for s, r in pushed.items()} == {"ref": 10.0, "stub": 10.0}
-
+    # the documented path: module cells as text -> grade-all (sandboxed) -> the gradebook
+    p = labs(toy_course, "nbgrader", "collect-modules", str(nb_root), "--lab", "07")
+    assert p.returncode == 0, p.stderr
+    modules = nb_root / "labs_modules/lab07"
+    assert (modules / "ref/07/toy.py").read_text() == TOY_SOLUTION
+    assert (modules / "stub/07/toy.py").read_text().rstrip() == TOY_STUB.rstrip()
+    assert (modules / "attack/07/toy.py").read_text() == ATTACK_MODULE  # the kernel cells are not the module
     course_db = f"sqlite:///{nb_root / 'gradebook.db'}"
-    (subs / "ref").rename(subs / "ref_via_grade_all")
-    (subs / "stub").rename(subs / "stub_via_grade_all")
-    p = labs(toy_course, "grade-all", str(subs), "--lab", "07", "--out", str(tmp_path / "out2"), "--jobs", "2",
+    assert f"--gradebook {course_db}" in p.stdout
+    p = labs(toy_course, "grade-all", str(modules), "--lab", "07", "--out", str(tmp_path / "out"), "--jobs", "4",
              "--sandbox", "process", "--gradebook", course_db)
     assert p.returncode == 0, p.stdout + p.stderr
-    both = nb_export(nb_root, tmp_path / "both.csv")
-    assert {s: float(r["raw_score"]) for s, r in both.items()} == {
-        "ref": 10.0, "stub": 0.0, "ref_via_grade_all": 10.0, "stub_via_grade_all": 0.0}
+    expected = {"ref": 10.0, "stub": 0.0, "attack": 0.0, "forger": 0.0}
+    rows = nb_export(nb_root, tmp_path / "graded.csv")
+    assert scores(rows) == expected and scores(rows, "max_score") == dict.fromkeys(expected, 10.0)
+
+    # autograding again afterwards (the attack's kernel patches run again) changes no recorded score
+    nbg(nb_root, "autograde", "lab07", "--student", "attack", "--force")
+    assert scores(nb_export(nb_root, tmp_path / "again.csv")) == expected
+
+
+def test_module_source_is_the_module_cell_text_as_writefile_writes_it(toy_course):
+    lab = manifest.load(toy_course).lab("07")
+    body = "import math\n\ndef add(x, y=1):\n    return x + y\n"
+    module = code_cell(["%%writefile toy.py\n", *body.splitlines(keepends=True)], {"grade_id": "lab07-module"})
+    other = code_cell("%%writefile toy.py\ndef add(x, y=1):\n    return 0\n")
+    nb = {"cells": [code_cell("print(1)"), module, other]}
+    assert nbgrader_export.module_source(nb, lab) == body
+    assert nbgrader_export.module_source({"cells": [code_cell("x = 1"), other]}, lab).endswith("return 0\n")
+    assert nbgrader_export.module_source({"cells": [code_cell(body, {"grade_id": "lab07-module"})]}, lab) == body
+    for broken in ({}, {"cells": None}, {"cells": [1, {"cell_type": "code", "metadata": []}]}):
+        assert nbgrader_export.module_source(broken, lab) is None
+
+
+def test_collect_modules_gives_an_empty_folder_for_an_unusable_notebook(toy_course, tmp_path):
+    lab = manifest.load(toy_course).lab("07")
+    sub = tmp_path / "nb/submitted"
+    for student, text in {"ok": json.dumps({"cells": [code_cell("%%writefile toy.py\nX = 1\n")]}),
+                          "bad": "{not json", "none": json.dumps({"cells": []})}.items():
+        (sub / student / "lab07").mkdir(parents=True)
+        (sub / student / "lab07/lab07.ipynb").write_text(text)
+    (sub / "nothing/lab07").mkdir(parents=True)
+    out = tmp_path / "mods"
+    (out / "bad/07").mkdir(parents=True)
+    (out / "bad/07/toy.py").write_text("stale")  # from an earlier collect: removed
+    students, notes = nbgrader_export.collect_modules(tmp_path / "nb", lab, out)
+    assert students == ["bad", "none", "nothing", "ok"] and len(notes) == 3
+    assert (out / "ok/07/toy.py").read_text() == "X = 1\n"
+    assert [p for p in out.rglob("*") if p.is_file()] == [out / "ok/07/toy.py"]
+
+
+def test_feedback_part_without_hidden_graders_only_says_so(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv(nbgrader_export.ENV_COURSE, raising=False)
+    assert nbgrader_export.feedback_part("07", "A", "toy.py") is None
+    out = capsys.readouterr()
+    assert out.err == "" and out.out.startswith(nbgrader_export.FEEDBACK_ONLY) and "not installed" in out.out
 
 
 def test_gradebook_writer_records_part_scores_and_overwrites(toy_course, tmp_path):
