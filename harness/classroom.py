@@ -20,20 +20,30 @@ that is killed resumes: a student whose ``results.json`` is there for the same
 lab and the same submission bytes (``extra_data.fingerprint``) is skipped
 (``--force`` regrades everyone).
 
-Every student gets a row; ``status`` says what happened:
-``ok``, ``import error: ...``, ``timeout: ...``, ``crashed: ...`` (the grader
-run ended early), ``no module: ...``, ``unpack error: ...``, ``grading error:
-...`` (the graders themselves failed; retried on the next run). The command
-exits 0 when grading ran, 1 when grading itself failed for some submission.
+Every student gets a row; ``status`` says what happened, and its kind
+(``Status``, ``extra_data.status_kind``, from records in the results, never
+from messages) says what it means for the grade:
+
+* ``ok``: ``ok``;
+* ``student_error`` (final, scores 0 where the code could not run):
+  ``import error: ...``, ``api mismatch: ...``, ``no module: ...``,
+  ``unpack error: ...``;
+* ``timeout``: ``timeout: ...`` (the run hit its limit; what was graded counts);
+* ``infra_error`` (no score, retried on the next run): ``infra_error: ...``
+  (the sandbox could not start, the grader run crashed) and ``grading error:
+  ...`` (the graders themselves failed).
+
+The command exits 0 when grading ran, 1 when grading itself failed for some
+submission (after grading all the others).
 """
 from __future__ import annotations
 
 import csv
+import enum
 import hashlib
 import io
 import json
 import os
-import shutil
 import stat
 import tarfile
 import tempfile
@@ -192,9 +202,10 @@ def find_module(root: Path, lab: Lab) -> Path | None:
     return min(found, key=lambda p: (len(p.relative_to(root).parts), str(p)))
 
 
-def grading_root(module: Path, lab: Lab, work: Path) -> Path:
+def grading_root(module: Path, lab: Lab, work: Path, source: bytes | None = None) -> Path:
     """A folder that ``grading.grade`` accepts and that holds ``module``: its own
-    checkout or ``NN/`` root when it has one, else a copy under ``work/NN/``."""
+    checkout or ``NN/`` root when it has one, else a copy (of ``source``, the module's
+    bytes, read by ``grading.read_module``: never through a link) under ``work/NN/``."""
     for root in (module.parent.parent, module.parent.parent.parent):
         try:
             if _impl.module_path(root, lab).resolve() == module.resolve():
@@ -203,7 +214,7 @@ def grading_root(module: Path, lab: Lab, work: Path) -> Path:
             pass
     dest = work / "staged" / lab.number
     dest.mkdir(parents=True, exist_ok=True)
-    shutil.copyfile(module, dest / lab.filename)
+    (dest / lab.filename).write_bytes(source if source is not None else grading.read_module(module, module.parent))
     return dest.parent
 
 
@@ -225,23 +236,32 @@ def fingerprint(sub: Submission, lab: Lab) -> str:
 
 # --- grading one submission ---------------------------------------------------
 
+class Status(str, enum.Enum):
+    """What a row's status means for its grade (``extra_data.status_kind``)."""
+    OK = "ok"
+    STUDENT_ERROR = "student_error"  # the submission's fault: final, 0 for what could not run
+    TIMEOUT = "timeout"              # stopped at its time limit: final, what was graded counts
+    INFRA_ERROR = "infra_error"      # not the submission's fault: no score, retried on the next run
+
+
 @dataclass
 class Row:
     student: str
     # one line, at most STATUS_MAX characters (see one_line)
     status: str
-    results: dict  # Gradescope results.json, with extra_data.status
+    results: dict  # Gradescope results.json, with extra_data.status and status_kind
     duration_s: float = 0.0
     skipped: bool = False
+    kind: Status = Status.OK
 
     @property
     def ok(self) -> bool:
-        return self.status == "ok"
+        return self.kind is Status.OK
 
     @property
     def retry(self) -> bool:
         """Not final: graded again on the next run."""
-        return self.status.startswith("grading error")
+        return self.kind is Status.INFRA_ERROR
 
 
 STATUS_MAX = 300
@@ -253,27 +273,32 @@ def one_line(text: str) -> str:
     return text if len(text) <= STATUS_MAX else text[: STATUS_MAX - 3] + "..."
 
 
+IMPL_ERRORS = {"import": "import error", "api": "api mismatch", "missing": "no module"}
+
+
 def status_of(result: grading.GradeResult) -> str:
-    """``ok``, or the reason a submission did not grade normally, from its result."""
-    for note in result.notes:
-        if "exceeded its" in note:
-            return f"timeout: {note}"
-    for note in result.notes:
-        if "ended early" in note:
-            return f"crashed: {note}"
-    outs = {(t.output or "").splitlines()[0] if t.output else "" for t in result.tests
-            if t.outcome in ("failed", "error")}
-    if result.tests and len(outs) == 1 and all(t.outcome in ("failed", "error", "skipped") for t in result.tests):
-        (msg,) = outs
-        if "importing " in msg and " failed" in msg:
-            return f"import error: {msg}"
-        if "does not match the lab" in msg:
-            return f"api mismatch: {msg}"
+    """``ok``, or the reason a submission did not grade normally, from the records
+    in its result: ``stopped`` (timeout) and the tests' ``impl_error`` (every test
+    that ran failed to load the implementation the same way)."""
+    if result.stopped:
+        return f"timeout: {result.stopped}"
+    ran = [t for t in result.tests if t.outcome != "skipped"]
+    kinds = {t.impl_error for t in ran}
+    if ran and len(kinds) == 1 and (kind := kinds.pop()) in IMPL_ERRORS:
+        return f"{IMPL_ERRORS[kind]}: {ran[0].output.splitlines()[0] if ran[0].output else kind}"
     return "ok"
 
 
-def _empty_results(lab: Lab, student: str, status: str, fp: str, source: Path) -> dict:
-    return {"score": 0.0, "execution_time": 0.0, "output": status, "visibility": "visible",
+def kind_of(result: grading.GradeResult, status: str) -> Status:
+    """The ``Status`` of a graded result whose status text is ``status``."""
+    if result.stopped:
+        return Status.TIMEOUT
+    return Status.OK if status == "ok" else Status.STUDENT_ERROR
+
+
+def _empty_results(lab: Lab, student: str, status: str, fp: str, source: Path, scored: bool = True) -> dict:
+    """A row without tests; ``scored=False`` (an infrastructure failure): no score at all."""
+    return {"score": 0.0 if scored else None, "execution_time": 0.0, "output": status, "visibility": "visible",
             "stdout_visibility": "hidden", "tests": [], "leaderboard": [],
             "extra_data": {"lab": lab.number, "max_score": lab.points, "max_score_runnable": None,
                            "seed": None, "ignored_files": [], "student": student, "status": status,
@@ -289,9 +314,10 @@ def grade_one(sub: Submission, lab: Lab, course: Course, *, timeout_s: float | N
         row = _grade_one(sub, lab, course, timeout_s=timeout_s, sandbox=sandbox, max_bytes=max_bytes, seed=seed)
     except Exception as e:  # a harness failure: this row is retried on the next run
         status = f"grading error: {type(e).__name__}: {e}"
-        row = Row(sub.student, status, _empty_results(lab, sub.student, status, "", sub.path))
+        row = Row(sub.student, status, _empty_results(lab, sub.student, status, "", sub.path, scored=False),
+                  kind=Status.INFRA_ERROR)
     row.status = one_line(row.status)
-    row.results["extra_data"]["status"] = row.status
+    row.results["extra_data"].update(status=row.status, status_kind=row.kind.value)
     return row
 
 
@@ -307,22 +333,31 @@ def _grade_one(sub: Submission, lab: Lab, course: Course, *, timeout_s, sandbox,
             except UnpackError as e:
                 status = f"unpack error: {sub.path.name}: {e}"
                 return Row(sub.student, status, _empty_results(lab, sub.student, status, fp, sub.path),
-                           time.monotonic() - t0)
+                           time.monotonic() - t0, kind=Status.STUDENT_ERROR)
         module = find_module(root, lab)
         if module is None:
             status = f"no module: no {lab.filename} in {sub.path.name} (looked for labs/{lab.number}/, " \
                      f"{lab.number}/ and the top level, then anywhere)"
             return Row(sub.student, status, _empty_results(lab, sub.student, status, fp, sub.path),
-                       time.monotonic() - t0)
+                       time.monotonic() - t0, kind=Status.STUDENT_ERROR)
+        try:  # a link (to a reference, a secret), a linked folder, a huge file: refused
+            source = grading.read_module(module, root)
+        except _impl.ImplError as e:
+            status = f"no module: {e}"
+            return Row(sub.student, status, _empty_results(lab, sub.student, status, fp, sub.path),
+                       time.monotonic() - t0, kind=Status.STUDENT_ERROR)
         kwargs = {"seed": seed, "timeout_s": timeout_s}
         if sandbox is not None:
             kwargs["sandbox"] = sandbox
         try:
-            result = grading.grade(grading_root(module, lab, work), lab, course, **kwargs)
-        except grading.GradingError as e:
-            status = f"grading error: {str(e).splitlines()[0] if str(e) else type(e).__name__}"
-            return Row(sub.student, status, _empty_results(lab, sub.student, status, fp, sub.path),
-                       time.monotonic() - t0)
+            result = grading.grade(grading_root(module, lab, work, source), lab, course, **kwargs)
+        except grading.GradingError as e:  # not the student's fault: no score, retried next run
+            if isinstance(e, grading.InfraFailure):
+                status = f"infra_error: {e.reason}"
+            else:
+                status = f"grading error: {str(e).splitlines()[0] if str(e) else type(e).__name__}"
+            return Row(sub.student, status, _empty_results(lab, sub.student, status, fp, sub.path, scored=False),
+                       time.monotonic() - t0, kind=Status.INFRA_ERROR)
         # messages name the student's submission, not our temporary copy
         for t in result.tests:
             t.output = t.output.replace(str(work), f"<{sub.path.name}>")
@@ -332,18 +367,26 @@ def _grade_one(sub: Submission, lab: Lab, course: Course, *, timeout_s, sandbox,
     res["extra_data"].update(student=sub.student, status=status, fingerprint=fp, submission=str(sub.path))
     if status != "ok":
         res["output"] = "\n".join(x for x in (status, res["output"]) if x)
-    return Row(sub.student, status, res, time.monotonic() - t0)
+    return Row(sub.student, status, res, time.monotonic() - t0, kind=kind_of(result, status))
 
 
 # --- results on disk ------------------------------------------------------------
 
 def load_row(out: Path, student: str) -> Row | None:
+    """The row kept in ``out`` for ``student``; without a known ``status_kind`` it
+    counts as an infrastructure failure (so it is graded again)."""
     path = out / student / RESULTS_NAME
     try:
         res = json.loads(path.read_text())
-        return Row(student, res["extra_data"]["status"], res, res.get("execution_time", 0.0), skipped=True)
-    except (OSError, ValueError, KeyError, TypeError):
+        kind = Status(res["extra_data"].get("status_kind", Status.INFRA_ERROR.value))
+        return Row(student, res["extra_data"]["status"], res, res.get("execution_time", 0.0), skipped=True, kind=kind)
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
         return None
+
+
+def score_text(results: dict) -> str:
+    """A row's score for tables and the CSV: empty when it has none (infrastructure failure)."""
+    return "" if results.get("score") is None else f"{results['score']:g}"
 
 
 def test_column(test: dict) -> str:
@@ -369,7 +412,7 @@ def write_csv(path: Path, rows: list[Row], lab: Lab) -> None:
         ed = res.get("extra_data", {})
         per_test = {test_column(t): t["score"] for t in res.get("tests", [])}
         mr = ed.get("max_score_runnable")
-        w.writerow([row.student, lab.number, f"{res.get('score', 0):g}", f"{ed.get('max_score', lab.points):g}",
+        w.writerow([row.student, lab.number, score_text(res), f"{ed.get('max_score', lab.points):g}",
                     "" if mr is None else f"{mr:g}", row.status]
                    + [("" if c not in per_test else f"{per_test[c]:g}") for c in columns])
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -557,7 +600,7 @@ def grade_all_command(ctx, submissions, lab_number, jobs, out_dir, gradebook, ti
         else:
             ed = row.results["extra_data"]
             console.print(f"[{state['done']}/{state['total'] - state['skipped']}] {row.student}: "
-                          f"{row.results['score']:g}/{ed['max_score']:g} {row.status} ({row.duration_s:.1f} s)")
+                          f"{score_text(row.results) or '-'}/{ed['max_score']:g} {row.status} ({row.duration_s:.1f} s)")
 
     stop = threading.Event()
     try:
@@ -579,10 +622,10 @@ def grade_all_command(ctx, submissions, lab_number, jobs, out_dir, gradebook, ti
     for r in run.rows:
         ed = r.results["extra_data"]
         style = "green" if r.ok else "red"
-        table.add_row(r.student, f"{r.results['score']:g}", f"{ed.get('max_score', lab.points):g}",
+        table.add_row(r.student, score_text(r.results) or "-", f"{ed.get('max_score', lab.points):g}",
                       f"[{style}]{r.status[:90]}[/]", "skipped" if r.skipped else f"{r.duration_s:.1f} s")
     console.print(table)
-    scores = [r.results["score"] for r in run.rows]
+    scores = [r.results["score"] for r in run.rows if r.results.get("score") is not None]
     mean = sum(scores) / len(scores) if scores else 0.0
     console.print(f"{len(run.graded)} graded now, {len(run.rows) - len(run.graded)} skipped (already graded), "
                   f"{sum(not r.ok for r in run.rows)} not ok; mean {mean:.2f} / {lab.points:g}; "

@@ -22,7 +22,7 @@ from . import grading, manifest, progress
 
 class ExitCode(enum.IntEnum):
     OK = 0              # the command ran (for grade: grading ran, whatever the score)
-    GRADING_FAILED = 1  # grading itself could not run (graders broken, timeout of the harness)
+    GRADING_FAILED = 1  # grading itself could not run (graders broken, the sandbox or grader failed)
     USAGE = 2           # bad arguments: unknown lab, missing path, invalid labs.yaml
 
 
@@ -141,7 +141,9 @@ def grade(ctx, path, lab_number, json_path, seed, timeout_s, sandbox):
     except grading.GradingError as e:
         if ctx.obj["traceback"]:
             raise
-        raise LabsError(str(e), ExitCode.GRADING_FAILED, hint="check graders/ and labs.yaml") from None
+        hint = ("not the submission's fault: fix the grading environment, then grade again"
+                if isinstance(e, grading.InfraFailure) else "check graders/ and labs.yaml")
+        raise LabsError(str(e), ExitCode.GRADING_FAILED, hint=hint) from None
     for note in ([why] if why else []) + result.notes:
         click.echo(f"labs: note: {note}", err=True)
     _print_result(result, lab)

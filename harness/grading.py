@@ -15,16 +15,21 @@ The pipeline is an ordered list of small steps (nbgrader's converters style):
 4. ``report``  a table (CLI) or Gradescope's ``results.json``.
 
 Grading "ran" whenever step 2 produced results, whatever the score; it
-*fails* (``GradingError``) only when the graders themselves are broken or
-missing.
+*fails* (``GradingError``) when the graders themselves are broken or missing,
+and (``InfraFailure``, "grading failed: <reason>") when the run's results are
+no grade through no fault of the submission: a test recorded ``infra`` (the
+sandbox could not start) or the grader run ended early without reaching its
+time limit (the trusted grader crashed). An infrastructure failure is never
+a student's 0.
 """
 from __future__ import annotations
 
+import errno
 import json
 import os
 import secrets
-import shutil
 import signal
+import stat
 import subprocess
 import sys
 import tempfile
@@ -40,6 +45,15 @@ class GradingError(Exception):
     """Grading could not run (graders missing or broken, bad course config)."""
 
 
+class InfraFailure(GradingError):
+    """The grading infrastructure failed (the sandbox could not start, the grader run
+    crashed): not the submission's fault, so no score. ``reason`` is one line."""
+
+    def __init__(self, reason: str):
+        self.reason = " ".join(reason.split())[:1000]
+        super().__init__(f"grading failed: {self.reason}")
+
+
 @dataclass
 class TestResult:
     name: str
@@ -53,6 +67,7 @@ class TestResult:
     tags: list[str] = field(default_factory=list)
     perf: list[dict] = field(default_factory=list)
     bonus: bool = False  # counts in score, not in max_score
+    impl_error: str = ""  # "missing", "import" or "api": the implementation could not be loaded
 
     @property
     def runnable(self) -> bool:
@@ -68,6 +83,7 @@ class GradeResult:
     duration_s: float
     notes: list[str] = field(default_factory=list)
     ignored: list[str] = field(default_factory=list)
+    stopped: str = ""  # why the run was stopped at its time limit (tests not reached score 0)
 
     @property
     def score(self) -> float:
@@ -109,8 +125,9 @@ class GradeResult:
 def stage(submission: Path, lab: Lab, workdir: Path) -> tuple[Path, list[str], list[str]]:
     """Copy the submission's ``NN/<module>.py`` into ``workdir/impl/NN/``.
 
-    Returns ``(impl_root, notes, ignored)``. A missing module is a note (every
-    test will fail naming it), not an error: the submission still gets a row.
+    Returns ``(impl_root, notes, ignored)``. A missing or refused module (see
+    :func:`read_module`) is a note (every test will fail naming it), not an
+    error: the submission still gets a row.
     """
     impl_root = workdir / "impl"
     dest = impl_root / lab.number
@@ -118,15 +135,48 @@ def stage(submission: Path, lab: Lab, workdir: Path) -> tuple[Path, list[str], l
     notes, ignored = [], []
     try:
         src = _impl.module_path(submission, lab)
+        (dest / lab.filename).write_bytes(read_module(src, submission))
     except _impl.ImplError as e:
         notes.append(str(e))
         return impl_root, notes, ignored
-    shutil.copyfile(src, dest / lab.filename)
     ignored = sorted(str(p.relative_to(src.parent)) for p in src.parent.rglob("*")
                      if p.is_file() and p != src and "__pycache__" not in p.parts)
     if ignored:
         notes.append(f"graded only {lab.number}/{lab.filename}; ignored {len(ignored)} other file(s) in its folder")
     return impl_root, notes, ignored
+
+
+MAX_MODULE_BYTES = 1 << 20
+
+
+def read_module(src: Path, root: Path) -> bytes:
+    """The bytes of ``src``, a submission's module file under ``root``, read without
+    following a link (``O_NOFOLLOW``). Raises ImplError saying why when it is a symbolic
+    link, not a regular file, lies outside ``root`` (through a linked folder), or is
+    over ``MAX_MODULE_BYTES``: a graded module is the student's own, plain, small file,
+    never something a link points at (a reference solution, a secret)."""
+    name = f"{src.parent.name}/{src.name}"
+    try:
+        fd = os.open(src, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError as e:
+        if e.errno == errno.ELOOP:
+            raise _impl.ImplError(f"{name} is a symbolic link: refused (submit the file itself)") from None
+        raise _impl.ImplError(f"{name} cannot be read: {e.strerror}") from None
+    with os.fdopen(fd, "rb") as f:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise _impl.ImplError(f"{name} is not a regular file: refused")
+        try:
+            real = os.readlink(f"/proc/self/fd/{fd}")  # the file actually opened
+        except OSError:
+            real = os.path.realpath(src)
+        base = os.path.realpath(root)
+        if os.path.commonpath([real, base]) != base:
+            raise _impl.ImplError(f"{name} lies outside the submission folder (a linked folder?): refused")
+        data = f.read(MAX_MODULE_BYTES + 1)
+    if len(data) > MAX_MODULE_BYTES:
+        raise _impl.ImplError(f"{name} is larger than {MAX_MODULE_BYTES >> 20} MiB: refused")
+    return data
 
 
 # --- step 2: run -----------------------------------------------------------
@@ -158,13 +208,13 @@ def run(course: Course, lab: Lab, impl_root: Path, results: Path, seed: int,
     env = {**os.environ, "PYTHONDONTWRITEBYTECODE": "1", "LABS_COURSE": str(course.root), "LABS_SEED": str(seed)}
     proc = subprocess.Popen(cmd, cwd=course.root, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                             text=True, start_new_session=True, preexec_fn=_die_with_parent)
-    note = ""
+    note = stopped = ""
     try:
         out, _ = proc.communicate(timeout=timeout_s)
     except subprocess.TimeoutExpired:
         os.killpg(proc.pid, signal.SIGKILL)
         out, _ = proc.communicate()
-        note = f"the grader run exceeded its {timeout_s:.0f} s limit and was stopped"
+        note = stopped = f"the grader run exceeded its {timeout_s:.0f} s limit and was stopped"
     if not results.exists():
         raise GradingError(f"the grader run produced no results (exit {proc.returncode}): {out[-1500:]}")
     raw = json.loads(results.read_text())
@@ -174,7 +224,20 @@ def run(course: Course, lab: Lab, impl_root: Path, results: Path, seed: int,
         raise GradingError(f"no grader tests collected in {graders}")
     if not note and not raw["finished"]:
         note = f"the grader run ended early (exit code {proc.returncode})"
+    raw["stopped"] = stopped  # a record for grade(): stopped at its limit, not crashed
     return raw, note
+
+
+def infra_failure(raw: dict, note: str = "") -> str:
+    """Why ``raw`` (a grader run's results) is no grade through no fault of the
+    submission, or ``""``: a test recorded ``infra``, or the run ended early
+    without being stopped at its time limit (``raw["stopped"]``)."""
+    for t in raw["tests"]:
+        if t.get("infra"):
+            return f"{t['nodeid']}: {t['infra']}"
+    if not raw["finished"] and not raw.get("stopped"):
+        return note or "the grader run ended early"
+    return ""
 
 
 def _die_with_parent() -> None:
@@ -222,7 +285,8 @@ def score(raw: dict, lab: Lab, note: str = "") -> list[TestResult]:
                            f"<= {threshold.full_credit}x, none at >= {threshold.zero_credit}x")
         out.append(TestResult(name=t["name"], nodeid=t["nodeid"], part=t["part"], max_score=max_score,
                               score=max_score * frac, outcome=outcome, output=message,
-                              duration_s=t["duration"], tags=tags, perf=t["perf"], bonus=bonus))
+                              duration_s=t["duration"], tags=tags, perf=t["perf"], bonus=bonus,
+                              impl_error=t.get("impl_error") or ""))
     return out
 
 
@@ -236,7 +300,8 @@ def grade(submission: Path | str, lab: Lab, course: Course, *, seed: int | None 
     course's grading image; see ``run``).
 
     ``seed`` defaults to a fresh secret per run (kept in the result so staff can
-    replay a disputed grade). Raises GradingError when grading cannot run,
+    replay a disputed grade). Raises GradingError when grading cannot run
+    (InfraFailure when the infrastructure failed: see ``infra_failure``),
     FileNotFoundError when ``submission`` does not exist."""
     submission = Path(submission).resolve()
     if not submission.is_dir():
@@ -247,13 +312,17 @@ def grade(submission: Path | str, lab: Lab, course: Course, *, seed: int | None 
         work = Path(tmp)
         impl_root, notes, ignored = stage(submission, lab, work)
         raw, note = run(course, lab, impl_root, work / "results.json", seed, timeout_s, sandbox)
+    reason = infra_failure(raw, note)
+    if reason:
+        raise InfraFailure(reason.replace(str(impl_root), str(submission)))
     if note:
         notes.append(note)
     tests = score(raw, lab, note)
     for t in tests:  # name the submission, not the temporary copy, in messages
         t.output = t.output.replace(str(impl_root), str(submission))
     return GradeResult(lab=lab.number, submission=str(submission), seed=seed, tests=tests,
-                       duration_s=time.monotonic() - t0, notes=notes, ignored=ignored)
+                       duration_s=time.monotonic() - t0, notes=notes, ignored=ignored,
+                       stopped=note if raw.get("stopped") else "")
 
 
 def write_json_atomic(path: Path | str, data: dict) -> None:

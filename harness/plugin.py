@@ -8,7 +8,6 @@ Fixtures
   ``lab``       the test's lab (``harness.manifest.Lab``), from its ``NN`` folder.
   ``impl``      the implementation module chosen by ``--impl`` (student,
                 solution or PATH), loaded by path and checked against the contract.
-  ``impl_path`` the path of that module file (spawned ranks load it by path).
   ``seed``      an int derived from the run seed and the test's node id.
   ``gen``       a CPU ``torch.Generator`` seeded with ``seed``.
   ``record_perf`` ``record_perf(name, ratio, **figures)``: report a performance
@@ -26,6 +25,7 @@ import hashlib
 import json
 import os
 import secrets
+import sys
 import tempfile
 from pathlib import Path
 
@@ -37,6 +37,18 @@ from . import manifest as _manifest
 _state_key = pytest.StashKey["_LabsState"]()
 
 GPU_SKIP_REASON = "needs a CUDA GPU (torch.cuda.is_available() is False here); graded on a GPU runner"
+
+
+class InfraFailure(Exception):
+    """A test could not run for a reason that is not the submission's (the sandbox
+    could not start). The ``impl`` fixture records it as the test's ``infra`` field."""
+
+
+def _tagged(error: Exception, kind: str | None) -> Exception:
+    """``error`` carrying ``labs_kind``: what kind of implementation failure it is
+    (``missing``, ``import``, ``api``), recorded as the test's ``impl_error`` field."""
+    error.labs_kind = kind
+    return error
 
 
 class _LabsState:
@@ -69,8 +81,10 @@ class _LabsState:
     def module(self, lab):
         """Load once per lab; remember a failure so each test reports it."""
         if lab.number not in self._modules:
+            kind = "missing"
             try:
                 path = self.module_file(lab)
+                kind = "import"
                 mod = _impl.load_module(path)
                 contract = None
                 stub = self.course.root / "labs" / lab.number / lab.filename
@@ -78,11 +92,12 @@ class _LabsState:
                     contract = _impl.load_module(stub)
                 problems = _impl.check_api(mod, contract, lab)
                 if problems:
+                    kind = "api"
                     raise _impl.ImplError(f"{path.name} does not match the lab {lab.number} contract: "
                                           + "; ".join(problems))
                 self._modules[lab.number] = mod
             except _impl.ImplError as e:
-                self._modules[lab.number] = e
+                self._modules[lab.number] = _tagged(e, kind)
         got = self._modules[lab.number]
         if isinstance(got, Exception):
             raise got
@@ -90,13 +105,16 @@ class _LabsState:
 
     def remote_module(self, lab):
         """``--sandbox worker``: a proxy to the module imported in a worker process
-        (harness.sandbox); the submission never runs in this process."""
+        (harness.sandbox); the submission never runs in this process.
+
+        A sandbox that cannot start raises InfraFailure, for this test and (at once)
+        for every later one of the lab; the submission's own failures raise ImplError."""
         from . import sandbox as _sandbox
         if lab.number not in self._sandboxes:
             try:
                 path = self.module_file(lab)
             except _impl.ImplError as e:
-                self._sandboxes[lab.number] = e
+                self._sandboxes[lab.number] = _tagged(e, "missing")
             else:
                 self._sandboxes[lab.number] = _sandbox.Sandbox(self._worker_config(lab, path), path)
         sb = self._sandboxes[lab.number]
@@ -104,11 +122,15 @@ class _LabsState:
             raise sb
         try:
             w = sb.ensure()
+        except _sandbox.SandboxStartError as e:
+            self._sandboxes[lab.number] = InfraFailure(str(e)[:4000])
+            sb.close()
+            raise self._sandboxes[lab.number] from None
         except _sandbox.SandboxError as e:
-            raise _impl.ImplError(str(e)) from None
+            raise _tagged(_impl.ImplError(str(e)), "import" if sb.import_error else None) from None
         if w.problems:
-            raise _impl.ImplError(f"{sb.module_path.name} does not match the lab {lab.number} contract: "
-                                  + "; ".join(w.problems))
+            raise _tagged(_impl.ImplError(f"{sb.module_path.name} does not match the lab {lab.number} contract: "
+                                          + "; ".join(w.problems)), "api")
         sb.begin_test()
         return _sandbox.RemoteModule(sb, sb.module_path, "labimpl_" + lab.module)
 
@@ -123,7 +145,7 @@ class _LabsState:
                 hide.append(extra)
         env_timeout = os.environ.get("LABS_SANDBOX_CALL_TIMEOUT", "")
         timeout = float(env_timeout) if env_timeout.replace(".", "", 1).isdigit() else \
-            max(5.0, lab.limits.test_timeout_s - 5)
+            min(lab.limits.call_timeout_s, max(5.0, lab.limits.test_timeout_s - 5))
         return _sandbox.WorkerConfig(
             module_source=path.read_text(errors="replace"), module_filename=lab.filename,
             stub_source=stub.read_text() if stub.is_file() and stub.resolve() != path.resolve() else None,
@@ -132,10 +154,18 @@ class _LabsState:
             call_timeout_s=timeout)
 
     def close(self):
+        from . import distributed
+        distributed.shutdown()  # the ranks of multi-rank labs
         for sb in self._sandboxes.values():
             if not isinstance(sb, Exception):
                 sb.close()
         self._sandboxes.clear()
+
+
+def _record(node, key: str, value) -> None:
+    """A structured result field (``labs_infra``, ``labs_impl_error``) for ResultsWriter:
+    a record carried by the test report, never a message matched later."""
+    node.user_properties.append((key, value))
 
 
 def pytest_addoption(parser):
@@ -281,20 +311,33 @@ def lab(request):
 
 @pytest.fixture
 def impl(request):
-    """The implementation module under test (see ``--impl``)."""
+    """The implementation module under test (see ``--impl``).
+
+    A failure is recorded as well as reported: ``labs_infra`` (not the submission's
+    fault: grading fails) or ``labs_impl_error`` (missing, import, api)."""
     st, lab = _lab_for(request)
     try:
         if st.sandbox_mode == "worker":
             return st.remote_module(lab)
         return st.module(lab)
+    except InfraFailure as e:
+        _record(request.node, "labs_infra", str(e))
+        pytest.fail(f"grading failed, not the submission's fault: {e}", pytrace=False)
     except _impl.ImplError as e:
+        if getattr(e, "labs_kind", None):
+            _record(request.node, "labs_impl_error", e.labs_kind)
         pytest.fail(str(e), pytrace=False)
 
 
-@pytest.fixture
-def impl_path(request, impl):
-    """Path of the implementation module file (for spawned ranks)."""
-    return Path(impl.__file__)
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    """A sandbox that could not (re)start in the middle of a test (``SandboxStartError``,
+    raised by the trusted client only: a worker can send back builtin exceptions only)
+    is recorded as an infrastructure failure of that test."""
+    report = (yield).get_result()
+    client = sys.modules.get(f"{__package__}.sandbox.client")  # not imported: no sandbox ran
+    if client is not None and call.excinfo is not None and isinstance(call.excinfo.value, client.SandboxStartError):
+        report.user_properties.append(("labs_infra", str(call.excinfo.value)[:4000]))
 
 
 @pytest.fixture
@@ -361,7 +404,14 @@ def _message(report) -> str:
 class ResultsWriter:
     """Writes every collected test and its outcome to a JSON file, rewritten
     atomically after each test, so a crash or kill mid-run loses nothing
-    already graded (tests never reached stay ``pending``)."""
+    already graded (tests never reached stay ``pending``).
+
+    Per test: ``nodeid``, ``name``, ``part``, ``weight``, ``gpu``, ``perf`` (marker
+    and figures), ``outcome``, ``message``, ``duration``, and two records:
+    ``infra`` (null, or why the test could not run through no fault of the
+    submission: ``harness.grading`` then fails instead of scoring) and
+    ``impl_error`` (null, ``missing``, ``import`` or ``api``: the implementation
+    could not be loaded, the class status in ``harness.classroom``)."""
 
     def __init__(self, path: Path):
         self.path = path
@@ -382,7 +432,8 @@ class ResultsWriter:
     def pytest_collection_modifyitems(self, items):
         for item in items:
             self.tests[item.nodeid] = {"nodeid": item.nodeid, "name": item.name, **_meta(item),
-                                       "outcome": "pending", "message": "", "duration": 0.0, "perf": []}
+                                       "outcome": "pending", "message": "", "duration": 0.0, "perf": [],
+                                       "infra": None, "impl_error": None}
         self._flush()
 
     def pytest_runtest_logreport(self, report):
@@ -395,6 +446,10 @@ class ResultsWriter:
                 t["outcome"] = "error" if (report.failed and report.when != "call") else report.outcome
                 t["message"] = _message(report) if report.outcome != "passed" else ""
         t["perf"] = [e for k, e in report.user_properties if k == "labs_perf"]
+        for key, value in report.user_properties:
+            field = {"labs_infra": "infra", "labs_impl_error": "impl_error"}.get(key)
+            if field and t[field] is None:
+                t[field] = value
         if report.when == "teardown":
             self._flush()
 

@@ -106,20 +106,23 @@ def test_discover_names_students_and_skips_strays(tmp_path):
     assert any("notes.txt" in n for n in notes) and any("bob.zip" in n and "already" in n for n in notes)
 
 
-def _result(notes=(), outputs=("",), outcome="failed"):
+def _result(stopped="", outputs=("",), outcome="failed", impl_error=""):
     from harness.grading import GradeResult, TestResult
-    tests = [TestResult(name=f"t{i}", nodeid=f"t{i}", part="A", max_score=1, score=0, outcome=outcome, output=o)
-             for i, o in enumerate(outputs)]
-    return GradeResult(lab="07", submission="x", seed=1, tests=tests, duration_s=1, notes=list(notes))
+    tests = [TestResult(name=f"t{i}", nodeid=f"t{i}", part="A", max_score=1, score=0, outcome=outcome, output=o,
+                        impl_error=impl_error) for i, o in enumerate(outputs)]
+    return GradeResult(lab="07", submission="x", seed=1, tests=tests, duration_s=1,
+                       notes=[stopped] if stopped else [], stopped=stopped)
 
 
-@pytest.mark.parametrize("result, status", [
-    (_result(["the grader run exceeded its 5 s limit and was stopped"]), "timeout: the grader run exceeded"),
-    (_result(["the grader run ended early (exit code -9)"]), "crashed: the grader run ended early (exit code -9)"),
-    (_result([], ["importing toy.py failed (line 3): ValueError: x"] * 2), "import error: importing toy.py failed"),
-    (_result([], ["toy.py does not match the lab 07 contract: add(x)"]), "api mismatch: toy.py does not match"),
-    (_result([], ["wrong answer", "importing toy.py failed"]), "ok"),
-    (_result([], [""], outcome="passed"), "ok"),
+@pytest.mark.parametrize("result, status", [  # from the results' records (stopped, impl_error), not messages
+    (_result("the grader run exceeded its 5 s limit and was stopped"), "timeout: the grader run exceeded"),
+    (_result("", ["importing toy.py failed (line 3): ValueError: x"] * 2, impl_error="import"),
+     "import error: importing toy.py failed"),
+    (_result("", ["toy.py does not match the lab 07 contract: add(x)"], impl_error="api"),
+     "api mismatch: toy.py does not match"),
+    (_result("", ["importing toy.py failed (line 3): ValueError: x"]), "ok"),  # a message alone decides nothing
+    (_result("", ["wrong answer", "importing toy.py failed"]), "ok"),
+    (_result("", [""], outcome="passed"), "ok"),
 ])
 def test_status_names_why_a_submission_did_not_grade_normally(result, status):
     assert classroom.status_of(result).startswith(status)

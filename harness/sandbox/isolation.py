@@ -1,38 +1,65 @@
 """Isolation of the sandboxed worker: namespaces, the file-system view, limits, the user.
 
-Two halves. The trusted side (:func:`isolation_prefix`, :func:`worker_uid`,
-:func:`scrubbed_env`, :func:`kill_all_of_uid`) decides how the worker is started:
-behind ``unshare --net --pid --mount`` where the host allows, with a fixed
-environment (never the seed or ``LABS_*`` settings). The worker side
-(:func:`isolate`, run by ``harness.sandbox.server`` before the submission is
-imported, while the process may still be root in its namespaces):
+Two halves. The trusted side decides how the worker starts:
+
+* :func:`isolation_prefix`: behind ``unshare --net --pid --mount`` where the host
+  allows (root, or an unprivileged user namespace);
+* :func:`worker_uid`: when the grader is root, a uid of its own for this grading
+  (``UID_BASE`` + the grading process's pid, no passwd entry needed), so
+  ``RLIMIT_NPROC`` and :func:`kill_all_of_uid` touch this grading's workers only;
+* :func:`scrubbed_env`: a fixed environment (never the seed or ``LABS_*``);
+* :func:`stage_harness`: copies the worker-facing harness modules
+  (``HARNESS_FILES``) into the worker's directory, the only harness the worker
+  imports (never ``oracles``, ``testing``, ``grading`` or a front end);
+* :func:`package_dirs`: the package directories the worker needs.
+
+The worker side, :func:`isolate`, runs in ``harness.sandbox.server`` before the
+submission is imported, while the process may still be root in its namespaces:
 
 1. brings up the private network namespace's loopback (ranks of a multi-rank lab
    talk gloo over it; nothing else is reachable);
-2. hides paths: an empty tmpfs over the course's ``graders/``, ``solutions/``,
-   ``tests/`` and the grading work directory, and fresh tmpfs over ``/tmp``,
-   ``/var/tmp`` and ``/dev/shm``;
+2. builds a fresh root, an allow-list (:func:`_build_root`): the system
+   directories, the Python prefixes and package directories and the staged
+   harness, all read-only; a minimal ``/dev``; a fresh ``/proc``; ``/sys`` only
+   for CUDA; fresh tmpfs for ``/tmp``, ``/var/tmp``, ``/dev/shm`` and ``/run``.
+   The course (``graders/``, ``solutions/``, ``tests/``, ``.git``), other
+   submissions and the rest of the disk are not in it; a venv inside the course
+   brings only itself, and no path that holds one of ``cfg["hide"]`` (the
+   course's hidden folders, the staged submission) is ever bound. Then
+   ``pivot_root`` into it (the old root is detached);
 3. sets resource limits: address space (CPU-only runs), CPU seconds, processes,
    file size, core dumps;
-4. drops to an unprivileged user when started as root (groups cleared,
-   ``no_new_privs``), then asks for SIGKILL when its parent dies.
+4. drops to the grading's uid when started as root (groups cleared), or, still
+   root in a user namespace, gives up every capability (it cannot remount or
+   unmount its view); ``no_new_privs``; then asks for SIGKILL when its parent dies.
+
+Without namespaces (no ``unshare``, or non-root without user namespaces) step 2
+cannot be done: the worker sees the disk as its user may, and a note says so.
 """
 from __future__ import annotations
 
 import contextlib
 import ctypes
+import glob
 import os
+import platform
+import re
 import resource
 import shutil
 import signal
 import socket
+import stat
 import struct
 import subprocess
 import sys
+from pathlib import Path
+
+
+# --- the trusted side ---------------------------------------------------------------------------
 
 def isolation_prefix() -> list[str]:
     """``unshare`` prefix giving the worker no network, its own PID and mount namespaces
-    (so it cannot see or signal the grader, and paths can be hidden), when this host allows it."""
+    (so it cannot see or signal the grader, and gets its own view of the disk), when this host allows it."""
     global _PREFIX
     if _PREFIX is not None:
         return _PREFIX
@@ -52,14 +79,33 @@ def isolation_prefix() -> list[str]:
 
 
 _PREFIX: list[str] | None = None
+UID_BASE = 200000
+
+
+def _mapped(ident: int, which: str) -> bool:
+    """Whether ``ident`` exists in this user namespace (``/proc/self/uid_map``/``gid_map``)."""
+    try:
+        lines = Path(f"/proc/self/{which}_map").read_text().split("\n")
+    except OSError:
+        return True
+    return any(len(f) == 3 and int(f[0]) <= ident < int(f[0]) + int(f[2]) for f in (ln.split() for ln in lines))
 
 
 def worker_uid() -> tuple[int, int, str] | None:
-    """(uid, gid, name) to drop to when the grader runs as root: ``student`` (the
-    container's user), else ``nobody``; None when not root (cannot switch)."""
+    """(uid, gid, name) the workers drop to when the grader runs as root: ``UID_BASE`` +
+    this process's pid (every worker of one grading process shares it, two gradings
+    never do), else that modulo 100000, else ``student``/``nobody`` where the host maps
+    no such ids; None when not root (cannot switch)."""
     if os.geteuid() != 0:
         return None
     import pwd
+    pid = os.getpid()
+    for uid in (UID_BASE + pid, UID_BASE + pid % 100000):
+        if _mapped(uid, "uid") and _mapped(uid, "gid"):
+            with contextlib.suppress(KeyError):
+                pwd.getpwuid(uid)
+                continue  # an account's uid: not ours to take
+            return uid, uid, f"labs-{pid}"
     for name in ("student", "nobody"):
         try:
             pw = pwd.getpwnam(name)
@@ -81,6 +127,40 @@ def scrubbed_env(home: str) -> dict:
     return env
 
 
+# The harness modules a worker imports (``harness.sandbox.server`` and what it, the probes
+# and ``harness.impl`` import), relative to the ``harness`` package. Nothing else of the
+# harness reaches the worker: not the graders' oracles or helpers, grading, or a front end.
+# Lab stubs import no harness module (``labs/*/*.py`` other than the visible tests).
+HARNESS_FILES = ("__init__.py", "alloc.py", "bench.py", "impl.py", "manifest.py",
+                 "sandbox/__init__.py", "sandbox/client.py", "sandbox/isolation.py", "sandbox/probes.py",
+                 "sandbox/server.py", "sandbox/wire.py")
+
+
+def stage_harness(workdir: str) -> str:
+    """Copy ``HARNESS_FILES`` from this process's harness into ``workdir/lib/harness``
+    (readable by the worker's user); returns ``workdir/lib``, which the worker puts
+    first on ``sys.path``."""
+    src = Path(__file__).resolve().parent.parent
+    lib = os.path.join(workdir, "lib")
+    for rel in HARNESS_FILES:
+        dest = os.path.join(lib, "harness", rel)
+        os.makedirs(os.path.dirname(dest), exist_ok=True)
+        shutil.copyfile(src / rel, dest)
+        os.chmod(dest, 0o644)
+    for d, _, _ in os.walk(lib):
+        os.chmod(d, 0o755)
+    return lib
+
+
+def package_dirs() -> list[str]:
+    """This interpreter's package directories on ``sys.path`` (``site-packages``,
+    ``dist-packages``, those a ``.pth`` file added included): the worker, started with
+    ``-I``, cannot compute them the same way, and gets them read-only in its root."""
+    return sorted({os.path.abspath(p) for p in sys.path
+                   if p and os.path.basename(os.path.normpath(p)) in ("site-packages", "dist-packages")
+                   and os.path.isdir(p)})
+
+
 def kill_all_of_uid(uid: int) -> None:
     """kill(-1, SIGKILL) as ``uid``: every process of that (dedicated) user dies."""
     pid = os.fork()
@@ -96,94 +176,191 @@ def kill_all_of_uid(uid: int) -> None:
         os.waitpid(pid, 0)
 
 
-MS_NOSUID, MS_NODEV, MS_RDONLY = 2, 4, 1
+# --- the worker side ----------------------------------------------------------------------------
+
+MS_RDONLY, MS_NOSUID, MS_NODEV, MS_NOEXEC, MS_REMOUNT = 1, 2, 4, 8, 32
+MS_NOATIME, MS_NODIRATIME, MS_BIND, MS_REC, MS_PRIVATE = 1024, 2048, 4096, 16384, 1 << 18
+MS_RELATIME, MS_STRICTATIME, MNT_DETACH = 1 << 21, 1 << 24, 2
 PR_SET_PDEATHSIG, PR_SET_NO_NEW_PRIVS = 1, 38
+SYS_PIVOT_ROOT = {"x86_64": 155, "aarch64": 41, "ppc64le": 203, "s390x": 217}.get(platform.machine())
+SYSTEM_DIRS = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32", "/etc")
+DEVICES = ("null", "zero", "full", "random", "urandom")
+
+_libc = ctypes.CDLL(None, use_errno=True)
 
 
-def _mount_tmpfs(path: str, mode: str = "0755", size: str = "512m") -> bool:
-    libc = ctypes.CDLL(None, use_errno=True)
-    if not os.path.isdir(path):
-        return False
-    rc = libc.mount(b"tmpfs", path.encode(), b"tmpfs", MS_NOSUID | MS_NODEV,
-                    f"mode={mode},size={size}".encode())
-    return rc == 0
+class IsolationError(RuntimeError):
+    """The worker's root could not be built: it must not run (an infrastructure failure)."""
 
 
-def _untraversable(path: str) -> tuple[str, str] | None:
-    """(A, child): the first ancestor A of ``path`` that others cannot traverse (e.g. a
-    0700 /root holding pyenv's Python), and the next component on the way to ``path``."""
-    import stat
-    parts = os.path.abspath(path).split(os.sep)[1:]
+def _mount(src, target: str, fstype, flags: int, data=None) -> None:
+    enc = lambda s: s.encode() if isinstance(s, str) else s
+    if _libc.mount(enc(src), enc(target), enc(fstype), flags, enc(data)) != 0:
+        err = ctypes.get_errno()
+        raise IsolationError(f"mount {src} on {target}: {os.strerror(err)}")
+
+
+def _tmpfs(target: str, mode: str, size: str = "512m") -> None:
+    os.makedirs(target, exist_ok=True)
+    _mount("tmpfs", target, "tmpfs", MS_NOSUID | MS_NODEV, f"mode={mode},size={size}")
+
+
+def _mounts_under(path: str) -> list[str]:
+    """Mount points at or below ``path`` (``/proc/self/mountinfo``, octal escapes decoded)."""
+    out = []
+    for line in Path("/proc/self/mountinfo").read_text().splitlines():
+        mp = re.sub(r"\\([0-7]{3})", lambda m: chr(int(m.group(1), 8)), line.split()[4])
+        if mp == path or mp.startswith(path.rstrip("/") + "/"):
+            out.append(mp)
+    return out
+
+
+def _kept_flags(path: str) -> int:
+    """The mount flags of ``path`` a remount must keep (in a user namespace they are locked)."""
+    f = os.statvfs(path).f_flag
+    flags = sum(ms for st, ms in ((os.ST_NOSUID, MS_NOSUID), (os.ST_NODEV, MS_NODEV), (os.ST_NOEXEC, MS_NOEXEC),
+                                  (os.ST_NODIRATIME, MS_NODIRATIME)) if f & st)
+    return flags | (MS_NOATIME if f & os.ST_NOATIME else MS_RELATIME if f & os.ST_RELATIME else MS_STRICTATIME)
+
+
+def _bind(src: str, target: str, readonly: bool = True) -> None:
+    """Bind-mount ``src`` (a directory with its submounts, or a file) on ``target``, creating
+    it; ``readonly``: every mount of the copy is made read-only and nosuid, nodev."""
+    if os.path.isdir(src):
+        os.makedirs(target, exist_ok=True)
+    else:
+        os.makedirs(os.path.dirname(target), exist_ok=True)
+        os.close(os.open(target, os.O_CREAT | os.O_WRONLY, 0o644))
+    _mount(src, target, None, MS_BIND | MS_REC)
+    for mp in _mounts_under(os.path.realpath(target)) if readonly else ():
+        _mount(None, mp, None, MS_REMOUNT | MS_BIND | MS_RDONLY | MS_NOSUID | MS_NODEV | _kept_flags(mp))
+    if readonly and not os.statvfs(target).f_flag & os.ST_RDONLY:
+        raise IsolationError(f"{target} did not become read-only")
+
+
+def _under(path: str, roots) -> bool:
+    return any(path == r or path.startswith(r.rstrip("/") + "/") for r in roots)
+
+
+def _through_links(path: str) -> str:
+    """``path`` as the new root resolves a leading linked system directory (merged /usr:
+    ``/lib/x`` is ``/usr/lib/x``)."""
+    for d in SYSTEM_DIRS:
+        if os.path.islink(d) and _under(path, [d]):
+            return os.path.normpath(os.path.join("/", os.readlink(d))) + path[len(d):]
+    return path
+
+
+def _build_root(cfg: dict) -> list[str]:
+    """Step 2: the worker's root, an allow-list, entered with ``pivot_root``. Raises
+    IsolationError when a needed part cannot be mounted; returns notes on optional parts."""
+    notes = []
+    os.umask(0o022)
+    _mount(None, "/", None, MS_REC | MS_PRIVATE)  # nothing done here reaches the host
+    new = os.path.join(cfg["workdir"], "root")
+    _tmpfs(new, "0755", "16m")
+    at = lambda p: new + p
+    for d in SYSTEM_DIRS:
+        if os.path.islink(d):  # merged /usr: /bin -> usr/bin
+            os.symlink(os.readlink(d), at(d))
+        elif os.path.isdir(d):
+            _bind(d, at(d))
+    _tmpfs(at("/dev"), "0755", "1m")
+    for name in DEVICES:
+        _bind(f"/dev/{name}", at(f"/dev/{name}"), readonly=False)
+    for node in sorted(glob.glob("/dev/nvidia*")):
+        try:
+            _bind(node, at(node), readonly=False)
+        except IsolationError as e:
+            notes.append(str(e))
+    for name, fd in (("fd", ""), ("stdin", "/0"), ("stdout", "/1"), ("stderr", "/2")):
+        os.symlink(f"/proc/self/fd{fd}", at(f"/dev/{name}"))
+    _tmpfs(at("/dev/shm"), "1777")
+    _mount(None, at("/dev"), None, MS_REMOUNT | MS_RDONLY | MS_NOSUID | MS_NODEV)
+    os.makedirs(at("/proc"))
+    try:  # the pid namespace is new: a fresh proc shows the worker's processes only
+        _mount("proc", at("/proc"), "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC)
+    except IsolationError:
+        _bind("/proc", at("/proc"), readonly=False)  # unshare --mount-proc's, the same view
+    if cfg.get("cuda") and os.path.isdir("/sys"):
+        _bind("/sys", at("/sys"))
+    for d, mode in (("/tmp", "1777"), ("/var/tmp", "1777"), ("/run", "0755")):
+        _tmpfs(at(d), mode)
+    os.mkdir(at("/run/lock"), 0o1777)
+    os.chmod(at("/run/lock"), 0o1777)
+    # what Python needs, read-only at the same paths (fresh 0755 ancestors: a 0700 home is no
+    # obstacle), at the path the worker uses and, when a link leads there, at the real one
+    hidden = [os.path.realpath(h) for h in cfg.get("hide", [])]
+    sites = [os.path.abspath(p) for p in cfg.get("package_dirs", [])]
+    needed = {os.path.abspath(p) for p in (sys.base_prefix, sys.prefix, sys.base_exec_prefix, sys.exec_prefix,
+                                           *sites, cfg["harness_parent"])}
+    extra = {os.path.abspath(p) for key in ("LD_LIBRARY_PATH", "CUDA_HOME")
+             for p in os.environ.get(key, "").split(":") if os.path.isabs(p) and os.path.isdir(p)}
+    bound = [d for d in SYSTEM_DIRS if os.path.isdir(d) and not os.path.islink(d)]
+    for p in sorted(needed | extra, key=len):
+        real = os.path.realpath(p)
+        if real == "/" or any(_under(h, [real]) or _under(real, [h]) for h in hidden):
+            if p in needed:
+                raise IsolationError(f"{p} holds hidden course files: it cannot be part of the worker's view")
+            notes.append(f"not exposing {p}: it holds hidden course files")
+            continue
+        for target in dict.fromkeys([real, p]):
+            if not _under(_through_links(target), bound):
+                _bind(real, at(target))
+                bound.append(target)
+    masked = set()
+    for site in sites:  # an installed (non-editable) harness: only the staged copy is importable
+        for target in (os.path.realpath(site), site):
+            mask = os.path.realpath(at(os.path.join(target, "harness")))
+            if os.path.isdir(mask) and mask not in masked:
+                _mount("tmpfs", mask, "tmpfs", MS_RDONLY | MS_NOSUID | MS_NODEV, "mode=0555,size=4k")
+                masked.add(mask)
+    _mount(None, new, None, MS_REMOUNT | MS_RDONLY | MS_NOSUID | MS_NODEV)
+    os.chdir(new)
+    if SYS_PIVOT_ROOT is not None and _libc.syscall(SYS_PIVOT_ROOT, b".", b".") == 0:
+        if _libc.umount2(b".", MNT_DETACH) != 0:  # the old root, stacked on the new one
+            raise IsolationError(f"detaching the old root: {os.strerror(ctypes.get_errno())}")
+    else:
+        notes.append("no pivot_root: chroot instead")
+        os.chroot(".")
+    os.chdir("/")
+    return notes
+
+
+def _untraversable(path: str) -> str | None:
+    """The first ancestor of ``path`` that others cannot traverse (e.g. a 0700 /root
+    holding pyenv's Python), or None."""
     cur = "/"
-    for name in parts:
-        st = os.stat(cur)
-        if not st.st_mode & stat.S_IXOTH:
-            return cur, name
+    for name in os.path.abspath(path).split(os.sep)[1:]:
+        if not os.stat(cur).st_mode & stat.S_IXOTH:
+            return cur
         cur = os.path.join(cur, name)
     return None
 
 
-def _expose_through(path: str) -> bool:
-    """In the mount namespace, replace an untraversable ancestor of ``path`` by an empty
-    tmpfs that holds only the way to ``path`` (bind-mounted), so an unprivileged user
-    reaches the interpreter and nothing else that was there."""
-    libc = ctypes.CDLL(None, use_errno=True)
-    MS_BIND, MS_REC = 4096, 16384
-    while True:
-        found = _untraversable(path)
-        if found is None:
-            return True
-        parent, child = found
-        fd = os.open(os.path.join(parent, child), os.O_PATH)
-        if not _mount_tmpfs(parent, "0755", "1m"):
-            return False
-        target = os.path.join(parent, child)
-        os.mkdir(target)
-        if libc.mount(f"/proc/self/fd/{fd}".encode(), target.encode(), None, MS_BIND | MS_REC, None) != 0:
-            return False
-        os.close(fd)
-
-
-def _fresh_tmpfs_keeping(path: str, keep: list[str]) -> bool:
-    """Mount an empty, world-writable tmpfs over ``path`` but bind-mount back the
-    directories of ``keep`` that lie under it (with their own submounts, so hidden
-    paths stay hidden): a course checked out under /tmp keeps its interpreter,
-    packages and harness, and loses everything else there."""
-    libc = ctypes.CDLL(None, use_errno=True)
-    MS_BIND, MS_REC = 4096, 16384
-    under = sorted({k for k in keep if os.path.commonpath([path, os.path.abspath(k)]) == path and k != path},
-                   key=len)
-    under = [k for i, k in enumerate(under) if not any(k.startswith(u + os.sep) for u in under[:i])]
-    fds = [(k, os.open(k, os.O_PATH)) for k in under if os.path.isdir(k)]
-    if not _mount_tmpfs(path, "1777"):
-        return False
-    ok = True
-    for k, fd in fds:
-        os.makedirs(k, exist_ok=True)
-        ok &= libc.mount(f"/proc/self/fd/{fd}".encode(), k.encode(), None, MS_BIND | MS_REC, None) == 0
-        os.close(fd)
-    return ok
+def _drop_capabilities() -> bool:
+    """Still root (in a user namespace, started by a non-root grader): give up every
+    capability, bounding set included, so the worker cannot undo its root (remount a
+    read-only bind read-write, unmount a mask)."""
+    PR_CAPBSET_DROP, LINUX_CAPABILITY_VERSION_3 = 24, 0x20080522
+    try:
+        last = int(Path("/proc/sys/kernel/cap_last_cap").read_text())
+    except (OSError, ValueError):
+        last = 63
+    for cap in range(last + 1):
+        _libc.prctl(PR_CAPBSET_DROP, cap, 0, 0, 0)
+    header, data = (ctypes.c_uint32 * 2)(LINUX_CAPABILITY_VERSION_3, 0), (ctypes.c_uint32 * 6)()
+    return _libc.capset(header, data) == 0
 
 
 def isolate(cfg: dict) -> list[str]:
-    """Steps 1-4 of the module docstring for this process; returns notes on what could not be done."""
+    """Steps 1-4 of the module docstring for this process; returns notes on what could not
+    be done. Raises IsolationError when the root cannot be built (the worker must not run)."""
     notes = []
-    import torch
-    needed = [sys.base_prefix, sys.prefix, os.path.dirname(os.path.dirname(torch.__file__)),
-              cfg.get("harness_parent", "/")]
-    if cfg.get("namespaces") and cfg.get("uid") is not None:
-        for p in set(needed):
-            if not _expose_through(p):
-                notes.append(f"could not expose {p}")
     if cfg.get("namespaces"):
         if not loopback_up():
             notes.append("could not bring up the private loopback")
-        for p in cfg.get("hide", []):
-            if not _mount_tmpfs(p, "0555", "1m"):
-                notes.append(f"could not hide {p}")
-        for p in ("/tmp", "/var/tmp", "/dev/shm"):
-            if not _fresh_tmpfs_keeping(p, [os.path.realpath(n) for n in needed]):
-                notes.append(f"could not replace {p}")
+        notes += _build_root(cfg)
         work = "/tmp/work"
         os.makedirs(work, exist_ok=True)
         if cfg.get("uid") is not None:
@@ -191,6 +368,8 @@ def isolate(cfg: dict) -> list[str]:
         os.chdir(work)
         os.environ.update(HOME=work, TMPDIR=work, TRITON_CACHE_DIR=os.path.join(work, ".triton"),
                           TORCHINDUCTOR_CACHE_DIR=os.path.join(work, ".inductor"), MPLCONFIGDIR=work)
+    else:
+        notes.append("no namespaces on this host: the worker sees the disk as its user may")
     mem = int(cfg.get("memory_mb", 0)) << 20
     limits = [(resource.RLIMIT_CORE, 0), (resource.RLIMIT_FSIZE, 256 << 20),
               (resource.RLIMIT_CPU, int(cfg.get("cpu_s", 3600))), (resource.RLIMIT_NPROC, int(cfg.get("nproc", 512)))]
@@ -203,7 +382,6 @@ def isolate(cfg: dict) -> list[str]:
             resource.setrlimit(what, (value, value))
         except (ValueError, OSError):
             notes.append(f"rlimit {what} not set")
-    libc = ctypes.CDLL(None, use_errno=True)
     if cfg.get("uid") is not None and not cfg.get("namespaces") and _untraversable(sys.base_prefix):
         notes.append(f"not dropping to {cfg.get('user')}: it cannot reach {sys.base_prefix}")
         cfg["uid"] = None
@@ -211,8 +389,10 @@ def isolate(cfg: dict) -> list[str]:
         os.setgroups([])
         os.setresgid(cfg["gid"], cfg["gid"], cfg["gid"])
         os.setresuid(cfg["uid"], cfg["uid"], cfg["uid"])
-    libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0)
-    libc.prctl(PR_SET_PDEATHSIG, 9, 0, 0, 0)  # after setuid, which clears it
+    if os.geteuid() == 0 and cfg.get("namespaces") and not _drop_capabilities():
+        notes.append("could not drop capabilities")
+    _libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0)
+    _libc.prctl(PR_SET_PDEATHSIG, 9, 0, 0, 0)  # after setuid, which clears it
     if os.getppid() == 1 and not cfg.get("namespaces"):
         os._exit(3)  # the grader is already gone
     return notes
