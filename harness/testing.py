@@ -103,6 +103,56 @@ def assert_close(actual, expected: torch.Tensor, *, atol: float, rtol: float, wh
                              f"atol={atol:g}, rtol={rtol:g} (max abs error {err.max().item():.3g}); {shown}")
 
 
+def checked(value, oracle, *, atol: float = 0.0, rtol: float = 0.0, what: str = "output", case: str = "",
+            prop: str = "the property"):
+    """Assert that ``value`` is right before a property of it is graded; return ``value``.
+
+    A property (determinism, shapes, dtypes, layout, memory, storage, communication,
+    FLOPs) counts only when the values are right: zeros of the right shape are
+    deterministic, allocate nothing and cost no FLOPs. A grader passes every result
+    whose property it grades through this first, so the value error is the one
+    reported: ``checked(out, ref, atol=.., rtol=.., what=.., case=.., prop="the memory
+    bound")``, then the property check.
+
+    ``oracle``: the expected tensor (compared by :func:`assert_close`); a tuple or list
+    of tensors for a tuple or list ``value`` of that length (``what`` may then be a
+    tuple of names, one per element); or a callable ``oracle(value)`` that raises
+    AssertionError when the value is wrong (a lab's own check, one that names the bug
+    class). ``prop`` names the property graded after it, in the message."""
+    try:
+        if callable(oracle) and not isinstance(oracle, torch.Tensor):
+            oracle(value)
+        elif isinstance(oracle, (tuple, list)):
+            names = what if isinstance(what, (tuple, list)) else [f"{what}[{i}]" for i in range(len(oracle))]
+            if not isinstance(value, (tuple, list)) or len(value) != len(oracle):
+                where = f" ({case})" if case else ""
+                n = f" of {len(value)}" if isinstance(value, (tuple, list)) else ""
+                label = " / ".join(names)
+                raise AssertionError(f"{label}{where}: expected a tuple of {len(oracle)} values, got "
+                                     f"{type(value).__name__}{n}")
+            for got, want, name in zip(value, oracle, names):
+                assert_close(got, want, atol=atol, rtol=rtol, what=name, case=case)
+        else:
+            assert_close(value, oracle, atol=atol, rtol=rtol, what=what, case=case)
+    except AssertionError as e:
+        raise AssertionError(f"{e}; {prop} counts only when the values are right") from None
+    return value
+
+
+def measure_checked(fn, *args, oracle, atol: float = 0.0, rtol: float = 0.0, what: str = "output",
+                    case: str = "", prop: str = "the measured property", **kwargs):
+    """``harness.sandbox.measure(fn, *args, **kwargs)`` whose output is :func:`checked`
+    against ``oracle`` before the caller reads the Measurement. Returns ``(out,
+    Measurement)``; raises the value error first. ``kwargs`` go to ``measure`` (its
+    options, then ``fn``'s keyword arguments); ``oracle``, ``atol``, ``rtol``, ``what``,
+    ``case`` and ``prop`` are this function's own and cannot be passed through to ``fn``."""
+    from harness.sandbox import measure  # the toolkit sits below the sandbox: import on use
+
+    out, m = measure(fn, *args, **kwargs)
+    checked(out, oracle, atol=atol, rtol=rtol, what=what, case=case, prop=prop)
+    return out, m
+
+
 @contextlib.contextmanager
 def forbid_calls(targets: Iterable[str], modules: Iterable = (), reason: str = "the contract forbids it"):
     """Patch each dotted ``targets`` entry (e.g. ``torch.nn.functional.scaled_dot_product_attention``)

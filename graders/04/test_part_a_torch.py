@@ -8,8 +8,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from harness.sandbox import measure
-from harness.testing import DTYPES
+from harness.testing import DTYPES, checked, measure_checked
+from harness.bench import geomean
+from harness.sandbox import timed
 
 pytestmark = pytest.mark.part("A")
 
@@ -88,7 +89,9 @@ def test_part_a_noncontiguous_inputs(impl, fa, gen, layouts):
 
 def test_part_a_deterministic(impl, fa, gen):
     q, k, v = fa.qkv(gen, 1, 2, 40, 67, 64)
-    a = impl.flash_attention_torch(q, k, v, is_causal=True)
+    cid = fa.case_id(1, 2, 40, 67, 64, True)
+    a = checked(impl.flash_attention_torch(q, k, v, is_causal=True),
+                lambda res: fa.check_forward(res, q, k, v, True, None, cid, "cpu"), prop="determinism")
     b = impl.flash_attention_torch(q, k, v, is_causal=True)
     for name, x, y in (("out", a[0], b[0]), ("lse", a[1], b[1])):
         if not torch.equal(x, y):
@@ -101,29 +104,71 @@ def test_part_a_allocates_no_score_matrix(impl, fa, gen, record_perf, causal):
     # B*H*Lq*Lk = 2*2*250*333 = 333000 far above the bound max(B*H*64*64, numel q/k/v/out) = 21312
     B, H, Lq, Lk, D = 2, 2, 250, 333, 16
     q, k, v = fa.qkv(gen, B, H, Lq, Lk, D)
-    res, t = measure(impl.flash_attention_torch, q, k, v, is_causal=causal)
-    bound = max(B * H * 64 * 64, q.numel(), k.numel(), v.numel())
     cid = fa.case_id(B, H, Lq, Lk, D, causal)
+    _, t = measure_checked(impl.flash_attention_torch, q, k, v, is_causal=causal, prop="the memory bound",
+                           oracle=lambda res: fa.check_forward(res, q, k, v, causal, None, cid, "cpu"))
+    bound = max(B * H * 64 * 64, q.numel(), k.numel(), v.numel())
     if t.max_numel > bound:
         raise AssertionError(f"allocated a tensor of {t.max_numel} elements ({t.largest}); the bound is "
                              f"max(B*H*block_q*block_k, numel of q, k, v, out) = {bound}: keep one "
                              f"(B, H, block_q, block_k) tile of scores, never (Lq, Lk) or a full key row ({cid})")
-    fa.check_forward(res, q, k, v, causal, None, cid, "cpu")
     # informational, never graded: the largest allocation as a fraction of the score matrix
     record_perf("torch_peak_alloc_vs_scores", t.max_numel / (B * H * Lq * Lk), shape=cid, largest=t.largest)
 
 
 def test_part_a_does_not_call_sdpa(impl, fa, gen):
     q, k, v = fa.qkv(gen, 1, 2, 29, 29, 32)
-    res, t = measure(impl.flash_attention_torch, q, k, v, is_causal=True, forbid=[fa.SDPA],
-                     reason="Part A must compute attention itself")
+    cid = fa.case_id(1, 2, 29, 29, 32, True)
+    _, t = measure_checked(impl.flash_attention_torch, q, k, v, is_causal=True, forbid=[fa.SDPA],
+                           reason="Part A must compute attention itself", prop="the no-SDPA rule",
+                           oracle=lambda res: fa.check_forward(res, q, k, v, True, None, cid, "cpu"))
     used = sorted(op for op in t.ops if "scaled_dot_product" in op)
     if used:
         raise AssertionError(f"called {used}: Part A must compute attention itself, not through SDPA")
-    fa.check_forward(res, q, k, v, True, None, fa.case_id(1, 2, 29, 29, 32, True), "cpu")
 
 
 def test_part_a_bad_args_raise(impl, fa, gen, bad_arg):
     name, build, exc, arg, match = bad_arg
     q, k, v = build(gen)
     fa.check_raises(lambda: impl.flash_attention_torch(q, k, v), exc, arg, match, f"flash_attention_torch, {name}")
+
+
+# --- performance (CPU; the GPU perf test times Part B) ---
+
+# (B, H, L, D, causal): square, so SDPA's causal mask agrees with the contract's
+CPU_PERF_SHAPES = [(1, 4, 256, 64, False), (1, 4, 256, 64, True)]
+
+
+@pytest.mark.perf
+@pytest.mark.points(2)
+def test_part_a_cpu_speed_vs_sdpa(impl, fa, seed, lab, record_perf):
+    """Geomean over shapes of median(flash_attention_torch) / median(SDPA), CPU time per
+    call, timed in one process next to the implementation (harness.sandbox.timed:
+    interleaved, fresh inputs, cache flush, outside cross-checks); every timed output is
+    checked against the float64 oracle, and SDPA is forbidden during the timed calls."""
+    threshold = lab.perf["torch_vs_sdpa_cpu"]
+    ratios, figures = [], {}
+    for n, (B, H, L, D, causal) in enumerate(CPU_PERF_SHAPES):
+        cid = fa.case_id(B, H, L, L, D, causal)
+
+        def make(i):
+            return fa.qkv(torch.Generator().manual_seed(seed + 7919 * i + 104729 * n), B, H, L, L, D)
+
+        pool = [make(i) for i in range(10)]
+
+        def check(i, out, pool=pool, causal=causal, cid=cid):
+            fa.check_forward(out, *pool[i], causal, None, f"a timed call, {cid}", "cpu")
+
+        t = timed(impl.flash_attention_torch, fa.SDPA, pool, warmup_inputs=[make(10 + w) for w in range(3)],
+                  check=check, kwargs={"is_causal": causal}, baseline_kwargs={"is_causal": causal},
+                  forbid=[fa.SDPA, "torch._C._nn.scaled_dot_product_attention"], forbid_ops=["scaled_dot_product"],
+                  reason="Part A is timed against SDPA and must not call it", device="cpu")
+        ratios.append(t.ratio)
+        figures.update({f"{cid}_ratio": t.ratio, f"{cid}_ms": t.candidate_s * 1e3,
+                        f"{cid}_sdpa_ms": t.baseline_s * 1e3, f"{cid}_outside": str(t.outside or t.baseline_outside)})
+    ratio = geomean(ratios)
+    assert ratio < threshold.zero_credit, (
+        f"flash_attention_torch takes {ratio:.3g}x the time of SDPA ({threshold.baseline}); no performance credit at "
+        f">= {threshold.zero_credit}x, full credit at <= {threshold.full_credit}x: use the default 64 x 64 tiles "
+        f"(or larger) and whole-tile tensor ops ({figures})")
+    record_perf("torch_vs_sdpa_cpu", ratio, **figures)

@@ -14,7 +14,8 @@ import math
 import pytest
 import torch
 from harness.sandbox import call_views, fill_held_nan, held_bytes, held_storages, measure, watch_storages
-from harness.testing import assert_close, devices
+from harness.testing import assert_close, checked, devices
+from harness.sandbox import timed
 
 # Tiny decoder: head_dim 8, GQA group 3, vocab off any power of two.
 CFG = dict(vocab_size=101, d_model=48, n_layers=2, n_heads=6, n_kv_heads=2, max_seq_len=300, ffn_hidden=80)
@@ -105,6 +106,51 @@ def new_cache(impl, n_layers=2, B=2, S=20, Hkv=2, D=8, dtype=torch.float32, devi
     return impl.KVCache(n_layers, B, S, Hkv, D, dtype=dtype, device=device)
 
 
+class Appender:
+    """Appends random K/V to a KVCache layer by layer and checks, before any property
+    of the cache is graded, that every update returns the stored prefix (exactly)."""
+
+    def __init__(self, cache, gen, n_layers, B, Hkv, D, dtype=torch.float32, prop="the cache's bookkeeping"):
+        self.cache, self.gen, self.shape, self.dtype, self.prop = cache, gen, (B, Hkv, D), dtype, prop
+        self.stored = [[] for _ in range(n_layers)]
+
+    def layer(self, layer, T):
+        B, Hkv, D = self.shape
+        k = torch.randn(B, Hkv, T, D, generator=self.gen).to(self.dtype)
+        v = torch.randn(B, Hkv, T, D, generator=self.gen).to(self.dtype)
+        self.stored[layer].append((k, v))
+        out = self.cache.update(layer, k, v)
+        want = tuple(torch.cat([kv[i] for kv in self.stored[layer]], dim=2) for i in (0, 1))
+        case = f"layer {layer}, after appending T={[kv[0].shape[2] for kv in self.stored[layer]]}"
+        checked(tuple(out) if isinstance(out, (tuple, list)) else out, want, atol=0, rtol=0, case=case,
+                what=("update's k_all is not the stored prefix", "update's v_all is not the stored prefix"),
+                prop=self.prop)
+        return out
+
+    def step(self, T):
+        """One model forward's worth: every layer in order appends T positions."""
+        for layer in range(len(self.stored)):
+            self.layer(layer, T)
+
+
+def assert_greedy(model, out, L, case, prop=None):
+    """``out (B, L + N)`` continues its prompt greedily under the float64 oracle (a token within
+    TIE of the best logit counts as the argmax)."""
+    ref = ref_logits(model, out)
+    for t in range(L, out.shape[1]):
+        best = ref[:, t - 1].max(-1).values
+        chosen = ref[:, t - 1].gather(-1, out[:, t:t + 1].cpu()).squeeze(-1)
+        if (chosen < best - TIE).any():
+            b = int((chosen < best - TIE).nonzero()[0, 0])
+            raise AssertionError(f"generate is not greedy: {case}, step {t - L + 1}, row {b}: chose token "
+                                 f"{int(out[b, t])}, the argmax is {int(ref[b, t - 1].argmax())}"
+                                 + (f"; {prop} counts only when the values are right" if prop else ""))
+
+
+def check_logits(got, ref, case, prop, what="cached logits differ from the reference decoder"):
+    checked(got, ref, atol=ATOL, rtol=RTOL, what=what, case=case, prop=prop)
+
+
 def step_logits(model, ids, chunks, cache, attention_mask=None):
     """Feed ``ids`` through ``model`` with ``cache`` in chunks of the given sizes;
     return the concatenated logits (B, sum(chunks), V)."""
@@ -121,19 +167,23 @@ def step_logits(model, ids, chunks, cache, attention_mask=None):
 @pytest.mark.part("A")
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16], ids=["fp32", "fp16", "bf16"])
 @pytest.mark.parametrize("shape", [(1, 1, 7, 1, 2), (3, 2, 13, 3, 6)], ids=["L1-B1-S7-H1-D2", "L3-B2-S13-H3-D6"])
-def test_nbytes_equals_formula_and_storage_is_preallocated(impl, shape, dtype):
+def test_nbytes_equals_formula_and_storage_is_preallocated(impl, gen, shape, dtype):
     n_layers, B, S, Hkv, D = shape
     cache = impl.KVCache(n_layers, B, S, Hkv, D, dtype=dtype, device="cpu")
     want = 2 * n_layers * B * Hkv * S * D * torch.empty(0, dtype=dtype).element_size()
-    assert isinstance(cache.nbytes, int) and not isinstance(cache.nbytes, bool), \
-        f"nbytes must be an int, got {type(cache.nbytes).__name__}"
-    assert cache.nbytes == want, (f"nbytes is wrong: n_layers={n_layers}, B={B}, max_seq_len={S}, Hkv={Hkv}, D={D}, "
-                                  f"{dtype}: got {cache.nbytes}, the formula 2*n_layers*B*Hkv*max_seq_len*D*"
-                                  f"element_size gives {want}")
-    held = sum(storages(cache).values())
+    nbytes, held, seq_len = cache.nbytes, sum(storages(cache).values()), cache.seq_len  # right after __init__
+    app = Appender(cache, gen, n_layers, B, Hkv, D, dtype,
+                   prop="nbytes and the preallocated storage")
+    for T in (S - 3, 1):
+        app.step(T)
+    assert isinstance(nbytes, int) and not isinstance(nbytes, bool), \
+        f"nbytes must be an int, got {type(nbytes).__name__}"
+    assert nbytes == want, (f"nbytes is wrong: n_layers={n_layers}, B={B}, max_seq_len={S}, Hkv={Hkv}, D={D}, "
+                            f"{dtype}: got {nbytes}, the formula 2*n_layers*B*Hkv*max_seq_len*D*"
+                            f"element_size gives {want}")
     assert want <= held <= want + 4096, (f"storage not preallocated in __init__: the cache's tensors hold {held} bytes "
                                          f"right after construction, expected {want} (the formula)")
-    assert cache.seq_len == 0, f"a new cache must have seq_len 0, got {cache.seq_len!r}"
+    assert seq_len == 0, f"a new cache must have seq_len 0, got {seq_len!r}"
 
 
 @pytest.mark.part("A")
@@ -161,10 +211,10 @@ def test_update_returns_views_of_the_stored_prefix(impl, gen):
 def test_seq_len_advances_only_after_last_layer(impl, gen):
     n_layers, B, Hkv, D = 3, 1, 2, 4
     cache = new_cache(impl, n_layers, B, 11, Hkv, D)
+    app = Appender(cache, gen, n_layers, B, Hkv, D, prop="seq_len bookkeeping")
     for T, before in ((4, 0), (2, 4)):
         for layer in range(n_layers):
-            k = torch.randn(B, Hkv, T, D, generator=gen)
-            k_all, _ = cache.update(layer, k, k.clone())
+            k_all, _ = app.layer(layer, T)
             want = before + T if layer == n_layers - 1 else before
             assert cache.seq_len == want, (
                 f"seq_len advanced at the wrong time: after layer {layer} of {n_layers} appended T={T} to "
@@ -177,10 +227,9 @@ def test_seq_len_advances_only_after_last_layer(impl, gen):
 @pytest.mark.part("A")
 def test_fill_exactly_to_max_seq_len_is_allowed(impl, gen):
     cache = new_cache(impl, 2, 1, 9, 1, 4)
+    app = Appender(cache, gen, 2, 1, 1, 4, prop="filling to max_seq_len")
     for T in (6, 3):
-        for layer in range(2):
-            k = torch.randn(1, 1, T, 4, generator=gen)
-            cache.update(layer, k, k.clone())
+        app.step(T)
     assert cache.seq_len == 9, f"filling to max_seq_len=9 should give seq_len 9, got {cache.seq_len}"
 
 
@@ -188,12 +237,11 @@ def test_fill_exactly_to_max_seq_len_is_allowed(impl, gen):
 @pytest.mark.parametrize("layer", [0, 1], ids=["layer0", "last-layer"])
 def test_overflow_raises_and_changes_no_byte(impl, gen, layer):
     cache = new_cache(impl, 2, 2, 10, 2, 4)
+    app = Appender(cache, gen, 2, 2, 2, 4, prop="the overflow rule")
     for T in (4, 3):
-        for i in range(2):
-            k = torch.randn(2, 2, T, 4, generator=gen)
-            cache.update(i, k, k.clone())
+        app.step(T)
     if layer == 1:  # layer 0 of the next step fits; the overflow is only seen at the last layer
-        cache.update(0, torch.randn(2, 2, 3, 4, generator=gen), torch.randn(2, 2, 3, 4, generator=gen))
+        app.layer(0, 3)
     before = raw_bytes(cache)
     k = torch.randn(2, 2, 4, 4, generator=gen)
     with pytest.raises(ValueError) as info:
@@ -214,7 +262,8 @@ def test_model_overflow_raises_and_changes_no_byte(impl, gen):
     cache = impl.KVCache(2, 1, 12, 2, 8)
     ids = prompt(gen, 1, 14)
     with torch.no_grad():
-        model(ids[:, :10], cache=cache)
+        check_logits(model(ids[:, :10], cache=cache), ref_logits(model, ids[:, :10]), "B=1, prefill of 10 into "
+                     "max_seq_len=12", "the overflow rule")
         before = raw_bytes(cache)
         with pytest.raises(ValueError) as info:
             model(ids[:, 10:13], cache=cache)
@@ -363,6 +412,8 @@ def test_nan_prefilled_cache_gives_finite_identical_results(impl, gen):
     with torch.no_grad():
         want = step_logits(model, ids, [L] + [1] * N, clean)
         got = step_logits(model, ids, [L] + [1] * N, dirty)
+    check_logits(want, ref_logits(model, ids), f"B={B}, prefill {L}, {N} single-token steps, a clean cache",
+                 "the NaN-prefilled cache check")
     if not torch.isfinite(got).all():
         bad = (~torch.isfinite(got)).any(-1).nonzero()[0].tolist()
         raise AssertionError(f"slots past seq_len were read: a cache pre-filled with NaN gives non-finite logits "
@@ -385,6 +436,9 @@ def test_left_padded_batch_equals_each_prompt_alone(impl, gen, use_cache):
     out = impl.generate(model, ids, N, attention_mask=mask, use_cache=use_cache)
     assert tuple(out.shape) == (B, Lmax + N), f"generate returned shape {tuple(out.shape)}, expected {(B, Lmax + N)}"
     assert torch.equal(out[:, :Lmax], ids), "generate changed the prompt"
+    for b, n in enumerate(lengths):
+        assert_greedy(model, out[b:b + 1, Lmax - n:], n, f"left-padded row {b} of lengths {lengths}",
+                      prop="padding consistency")
     for b, n in enumerate(lengths):
         alone = impl.generate(model, ids[b:b + 1, Lmax - n:], N, use_cache=use_cache)
         if not torch.equal(out[b, Lmax:], alone[0, n:]):
@@ -416,14 +470,7 @@ def test_generate_is_greedy_and_cache_matches_no_cache(impl, gen, B, L, N):
         f"generate must return int64 (B, L + max_new_tokens) = {(B, L + N)}, got "
         f"{getattr(out, 'dtype', type(out).__name__)} {tuple(getattr(out, 'shape', ()))}")
     assert torch.equal(out[:, :L], ids), "generate changed the prompt"
-    ref = ref_logits(model, out)
-    for t in range(L, L + N):
-        best = ref[:, t - 1].max(-1).values
-        chosen = ref[:, t - 1].gather(-1, out[:, t:t + 1]).squeeze(-1)
-        if (chosen < best - TIE).any():
-            b = int((chosen < best - TIE).nonzero()[0, 0])
-            raise AssertionError(f"generate is not greedy: B={B}, L={L}, step {t - L + 1}, row {b}: chose token "
-                                 f"{int(out[b, t])}, the argmax is {int(ref[b, t - 1].argmax())}")
+    assert_greedy(model, out, L, f"B={B}, L={L}")
     plain = impl.generate(model, ids, N, use_cache=False)
     assert torch.equal(out, plain), "generate with the cache gives other tokens than without it"
     assert torch.equal(impl.generate(model, ids, 0), ids), "max_new_tokens=0 must return the prompt"
@@ -433,12 +480,19 @@ def test_generate_is_greedy_and_cache_matches_no_cache(impl, gen, B, L, N):
 def test_storage_never_reallocated_during_generation(impl, gen):
     model = make_model(impl, gen)
     ids = prompt(gen, 2, 6)
+    hand = prompt(gen, 2, 12)
     with watch_storages(impl, "KVCache", "update") as report:  # every KVCache, checked after each update
-        impl.generate(model, ids, 7)
+        out = impl.generate(model, ids, 7)
         # and driven by hand, step by step
         cache = impl.KVCache(2, 2, 20, 2, 8)
         with torch.no_grad():
-            step_logits(model, prompt(gen, 2, 12), [5, 1, 3, 1, 2], cache)
+            logits = step_logits(model, hand, [5, 1, 3, 1, 2], cache)
+    prop = "the storage rule"
+    assert tuple(out.shape) == (2, 13) and torch.equal(out[:, :6], ids), \
+        f"generate must return the prompt and 7 new tokens, got shape {tuple(out.shape)}; {prop} counts only when " \
+        "the values are right"
+    assert_greedy(model, out, 6, "B=2, L=6, 7 new tokens", prop=prop)
+    check_logits(logits, ref_logits(model, hand), "B=2, chunks 5+1+3+1+2", prop)
     assert report["created"] >= 2, "generate(use_cache=True) never built a KVCache"
     assert not report["violations"], (
         f"the cache's storage was reallocated during generation ({report['violations'][0]}): preallocate once "
@@ -449,22 +503,32 @@ def test_storage_never_reallocated_during_generation(impl, gen):
 # --- Cost ----------------------------------------------------------------------------------
 
 def _flops(fn, *args, **kwargs):
-    """FlopCounterMode total of ``fn(*args, **kwargs)`` under no_grad, counted next to the implementation."""
-    _, m = measure(fn, *args, alloc=False, ops=False, flops=True, no_grad=True, **kwargs)
-    return m.flops
+    """``(out, FlopCounterMode total)`` of ``fn(*args, **kwargs)`` under no_grad, counted next to the
+    implementation."""
+    out, m = measure(fn, *args, alloc=False, ops=False, flops=True, no_grad=True, **kwargs)
+    return out, m.flops
 
 
 def _decode_step_flops(impl, model, gen, P, B=1):
     """FLOPs of one cached single-token decode step at position P (P tokens cached),
     measured twice: by hand through the model, and inside ``generate`` as
-    FLOPs(generate(prompt of P, 2 new)) - FLOPs(generate(prompt of P, 1 new))."""
+    FLOPs(generate(prompt of P, 2 new)) - FLOPs(generate(prompt of P, 1 new)). The logits
+    and tokens of every measured call are checked against the float64 oracle first."""
     ids = prompt(gen, B, P + 1)
     cache = impl.KVCache(CFG["n_layers"], B, P + 1, CFG["n_kv_heads"], CFG["d_model"] // CFG["n_heads"])
     with torch.no_grad():
         model(ids[:, :P], cache=cache)
-    by_hand = _flops(model, ids[:, P:], cache=cache)
-    in_generate = _flops(impl.generate, model, ids[:, :P], 2) - _flops(impl.generate, model, ids[:, :P], 1)
-    return by_hand, in_generate, ids
+    logits, by_hand = _flops(model, ids[:, P:], cache=cache)
+    out2, f2 = _flops(impl.generate, model, ids[:, :P], 2)
+    out1, f1 = _flops(impl.generate, model, ids[:, :P], 1)
+    prop = "the decode-step FLOPs"
+    check_logits(logits, ref_logits(model, ids)[:, P:], f"B={B}, a cached step at position {P}", prop)
+    for n, out in ((2, out2), (1, out1)):
+        assert tuple(out.shape) == (B, P + n), \
+            f"generate must return (B, L + max_new_tokens) = {(B, P + n)}, got {tuple(out.shape)}; {prop} counts " \
+            "only when the values are right"
+        assert_greedy(model, out, P, f"B={B}, L={P}, {n} new", prop=prop)
+    return by_hand, f2 - f1, ids
 
 
 @pytest.mark.part("A")
@@ -493,9 +557,47 @@ def test_cached_step_is_a_small_fraction_of_uncached(impl, gen):
     model = make_model(impl, gen)
     P = 256
     by_hand, in_generate, ids = _decode_step_flops(impl, model, gen, P)
-    uncached = _flops(model, ids)
+    _, uncached = _flops(model, ids)
     for which, cached in (("a cached model step", by_hand), ("a decode step of generate", in_generate)):
         ratio = cached / max(uncached, 1)
         assert ratio <= CACHED_FRACTION_MAX, (
             f"{which} at position {P} costs {cached} FLOPs, {ratio:.4f} of an uncached forward over {P + 1} "
             f"tokens ({uncached}); expected <= {CACHED_FRACTION_MAX} (the reference: ~0.004)")
+
+
+# --- Performance (CPU) ---------------------------------------------------------------------
+
+# A decoder big enough that compute, not Python overhead, dominates an uncached step
+PERF_CFG = dict(vocab_size=256, d_model=128, n_layers=2, n_heads=8, n_kv_heads=2, ffn_hidden=256)
+PERF_B, PERF_L, PERF_N = 1, 128, 16
+
+
+@pytest.mark.perf
+@pytest.mark.part("A")
+@pytest.mark.points(2)
+def test_cpu_speed_cached_vs_uncached_generate(impl, gen, lab, record_perf):
+    """median(generate(use_cache=True)) / median(generate(use_cache=False)), CPU time per
+    call, timed in one process next to the implementation (harness.sandbox.timed:
+    interleaved, fresh prompts, outside cross-checks); every timed output is checked to
+    be greedy under the float64 oracle. The reference: one prefill plus 15 one-token
+    steps against 16 full forwards."""
+    threshold = lab.perf["kv_cache_vs_uncached_cpu"]
+    model = make_model(impl, gen, **PERF_CFG)
+    prompts = [(model, prompt(gen, PERF_B, PERF_L, V=PERF_CFG["vocab_size"]), PERF_N) for _ in range(13)]
+    case = f"B={PERF_B}, L={PERF_L}, N={PERF_N}"
+
+    def check(i, out):
+        ids = prompts[i][1]
+        assert isinstance(out, torch.Tensor) and tuple(out.shape) == (PERF_B, PERF_L + PERF_N) \
+            and torch.equal(out[:, :PERF_L], ids), f"a timed generate returned {type(out).__name__} " \
+            f"{tuple(getattr(out, 'shape', ()))}, not the prompt and {PERF_N} tokens ({case})"
+        assert_greedy(model, out, PERF_L, f"a timed call, {case}", prop="performance")
+
+    t = timed(impl.generate, impl.generate, prompts[:10], warmup_inputs=prompts[10:], check=check,
+              kwargs={"use_cache": True}, baseline_kwargs={"use_cache": False}, device="cpu")
+    figures = {"cached_ms": t.candidate_s * 1e3, "uncached_ms": t.baseline_s * 1e3, "outside": str(t.outside)}
+    assert t.ratio < threshold.zero_credit, (
+        f"generate with the cache takes {t.ratio:.3g}x the time of generate without it ({case}); no performance "
+        f"credit at >= {threshold.zero_credit}x, full credit at <= {threshold.full_credit}x: after the prefill feed "
+        f"only the new token, and read K/V of the earlier ones from the cache ({figures})")
+    record_perf("kv_cache_vs_uncached_cpu", t.ratio, **figures)

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from harness.sandbox import held_bytes, held_storages
-from harness.testing import assert_close
+from harness.testing import checked
 
 N_LAYERS, HKV, D = 2, 2, 6
 
@@ -30,8 +30,8 @@ def raw_bytes(obj):
 class Driver:
     """Appends to a PagedKVCache through every layer and keeps the expected prefixes."""
 
-    def __init__(self, cache, gen):
-        self.cache, self.gen, self.want = cache, gen, {}
+    def __init__(self, cache, gen, prop="the block accounting", dtype=torch.float32):
+        self.cache, self.gen, self.want, self.prop, self.dtype = cache, gen, {}, prop, dtype
 
     def allocate(self, sid):
         self.cache.allocate(sid)
@@ -43,15 +43,15 @@ class Driver:
 
     def append(self, sid, T):
         for layer in range(N_LAYERS):
-            k = torch.randn(HKV, T, D, generator=self.gen)
-            v = torch.randn(HKV, T, D, generator=self.gen)
-            k_all, v_all = self.cache.update(layer, sid, k, v)
+            k = torch.randn(HKV, T, D, generator=self.gen).to(self.dtype)
+            v = torch.randn(HKV, T, D, generator=self.gen).to(self.dtype)
+            out = self.cache.update(layer, sid, k, v)
             self.want[sid][layer] = torch.cat([self.want[sid][layer], torch.stack([k, v])], dim=-2)
             case = f"seq {sid!r}, layer {layer}, {self.want[sid][layer].shape[-2]} positions"
-            assert_close(k_all, self.want[sid][layer][0], atol=0, rtol=0,
-                         what="paged update's k_all is not the sequence's stored prefix", case=case)
-            assert_close(v_all, self.want[sid][layer][1], atol=0, rtol=0,
-                         what="paged update's v_all is not the sequence's stored prefix", case=case)
+            checked(tuple(out) if isinstance(out, (tuple, list)) else out,
+                    (self.want[sid][layer][0], self.want[sid][layer][1]), atol=0, rtol=0, case=case,
+                    what=("paged update's k_all is not the sequence's stored prefix",
+                          "paged update's v_all is not the sequence's stored prefix"), prop=self.prop)
 
     def check_accounting(self, block_size, num_blocks):
         used = []
@@ -76,14 +76,18 @@ def new(impl, num_blocks, block_size, dtype=torch.float32):
 
 @pytest.mark.part("B")
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
-def test_paged_nbytes_and_storage_preallocated(impl, dtype):
+def test_paged_nbytes_and_storage_preallocated(impl, gen, dtype):
     cache = new(impl, 7, 5, dtype)
     want = 2 * N_LAYERS * 7 * HKV * 5 * D * torch.empty(0, dtype=dtype).element_size()
-    assert cache.nbytes == want, (f"PagedKVCache.nbytes is {cache.nbytes}, the formula 2*n_layers*num_blocks*"
-                                  f"n_kv_heads*block_size*head_dim*element_size gives {want}")
-    held = sum(storages(cache).values())
+    nbytes, held, free = cache.nbytes, sum(storages(cache).values()), cache.num_free_blocks  # right after __init__
+    drv = Driver(cache, gen, prop="nbytes and the preallocated storage", dtype=dtype)
+    drv.allocate("s")
+    drv.append("s", 3)
+    drv.append("s", 6)   # into a second block: the prefix is gathered from two
+    assert nbytes == want, (f"PagedKVCache.nbytes is {nbytes}, the formula 2*n_layers*num_blocks*"
+                            f"n_kv_heads*block_size*head_dim*element_size gives {want}")
     assert want <= held <= want + 4096, f"block storage not preallocated: {held} bytes held, expected {want}"
-    assert cache.num_free_blocks == 7
+    assert free == 7, f"a new PagedKVCache must have num_free_blocks = num_blocks = 7, got {free}"
 
 
 @pytest.mark.part("B")

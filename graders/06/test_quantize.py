@@ -17,8 +17,8 @@ import math
 import pytest
 import torch
 
-from harness.sandbox import held_storages, measure
-from harness.testing import assert_close, randn
+from harness.sandbox import held_storages
+from harness.testing import assert_close, checked, measure_checked, randn
 
 
 def _gsize(in_f, group_size):
@@ -56,6 +56,84 @@ def _check_bound(w, deq, scale, g, case, kind):
             f"w={w64[r, c].item():.6g}, dequantized {deq[r, c].item():.6g}, scale/2={bound[r, c].item():.3g}")
 
 
+def _sym_ref(w, bits, gs):
+    """Oracle of symmetric RTN in float64: (scale (out, n), t = w / scale per element, qmax)."""
+    out_f, in_f = w.shape
+    g, qmax = _gsize(in_f, gs), 2 ** (bits - 1) - 1
+    scale = w.to(torch.float64).abs().reshape(out_f, in_f // g, g).amax(-1) / qmax
+    safe = torch.where(scale == 0, torch.ones_like(scale), scale)
+    return scale, w.to(torch.float64) / _per_elem(safe, g), qmax
+
+
+def _scale_matches(scale, ref, rtol, what, case):
+    """``scale`` equals ``ref`` (an all-zero group may have any scale: the tests check it is finite)."""
+    if type(scale) is torch.Tensor and tuple(scale.shape) == tuple(ref.shape):
+        scale = torch.where(ref == 0, ref, scale.detach().to(torch.float64))
+    assert_close(scale, ref, atol=0, rtol=rtol, what=what, case=case)
+
+
+def _codes_match(codes, want, t, case, what, trunc=None):
+    """Integer ``codes`` equal ``want`` away from rounding ties of ``t`` (float64 vs float32 may
+    round a tie either way); names truncation when the wrong codes are ``trunc``."""
+    if type(codes) is not torch.Tensor or tuple(codes.shape) != tuple(want.shape):
+        assert_close(codes, want, atol=0, rtol=0, what=what, case=case)  # names the type or shape
+    c = codes.to(torch.float64)
+    bad = (c != want) & ~_near_tie(t)
+    if bad.any():
+        i = int(bad.flatten().nonzero()[0, 0])
+        r, col = divmod(i, want.shape[1])
+        truncated = trunc is not None and bool((c == trunc)[bad].all())
+        raise AssertionError(f"{'codes look truncated (round to nearest, not toward zero)' if truncated else what}: "
+                             f"{int(bad.sum())} of {want.numel()} differ ({case}); at [{r}, {col}] w/scale="
+                             f"{t[r, col].item():.4f}, code {int(c[r, col])}, round-to-nearest {int(want[r, col])}")
+
+
+def _check_symmetric(w, bits, gs, case):
+    """A check of quantize_symmetric(w)'s (codes, scale) against the oracle: scale =
+    absmax / qmax, codes = round(w / scale) (away from ties)."""
+    def check(res):
+        if not (isinstance(res, tuple) and len(res) == 2):
+            raise AssertionError(f"quantize_symmetric must return (codes, scale), got {type(res).__name__} ({case})")
+        codes, scale = res
+        ref, t, qmax = _sym_ref(w, bits, gs)
+        _scale_matches(scale, ref, 1e-6, f"scale is not absmax / (2**(bits-1) - 1) = absmax / {qmax}", case)
+        _codes_match(codes, torch.round(t).clamp(-qmax, qmax), t, case, "codes are not round(w / scale)",
+                     trunc=torch.trunc(t).clamp(-qmax, qmax))
+    return check
+
+
+def _check_asymmetric(w, bits, gs, case):
+    """A check of quantize_asymmetric(w)'s (codes, scale, zero_point) against the oracle:
+    scale = (max(w, 0) - min(w, 0)) / qmax, zero_point = round(-min(w, 0) / scale),
+    codes = clamp(round(w / scale) + zero_point, 0, qmax) (away from ties)."""
+    def check(res):
+        if not (isinstance(res, tuple) and len(res) == 3):
+            raise AssertionError(f"quantize_asymmetric must return (codes, scale, zero_point), got "
+                                 f"{type(res).__name__} ({case})")
+        codes, scale, zp = res
+        out_f, in_f = w.shape
+        g, qmax = _gsize(in_f, gs), 2 ** bits - 1
+        wg = w.to(torch.float64).reshape(out_f, in_f // g, g)
+        lo, hi = wg.amin(-1).clamp(max=0), wg.amax(-1).clamp(min=0)
+        ref = (hi - lo) / qmax
+        _scale_matches(scale, ref, 1e-5, "scale is not (max(w, 0) - min(w, 0)) / (2**bits - 1)", case)
+        safe = torch.where(ref == 0, torch.ones_like(ref), ref)
+        zt = -lo / safe
+        want_zp = torch.round(zt).clamp(0, qmax)
+        if type(zp) is torch.Tensor and tuple(zp.shape) == tuple(ref.shape):
+            zp_cmp = torch.where(_near_tie(zt) | (ref == 0), want_zp, zp.to(torch.float64))
+        else:
+            zp_cmp = zp
+        assert_close(zp_cmp, want_zp, atol=0, rtol=0, case=case,
+                     what="zero_point is not round(-min(w, 0) / scale) (an integer code, so 0 is exact)")
+        t = w.to(torch.float64) / _per_elem(safe, g)
+        zpe = _per_elem(torch.where(ref == 0, want_zp, zp.to(torch.float64)), g)
+        _codes_match(codes, (torch.round(t) + zpe).clamp(0, qmax), t, case,
+                     "codes are not clamp(round(w / scale) + zero_point, 0, 2**bits - 1)",
+                     trunc=(torch.trunc(t) + zpe).clamp(0, qmax))
+    return check
+
+
 SHAPES = [  # (out, in, bits, group_size): small first; in off powers of two where groups allow
     (3, 20, 8, None), (5, 48, 4, 16), (7, 96, 8, 32), (16, 384, 4, 128), (9, 130, 4, None),
 ]
@@ -73,7 +151,8 @@ def _sid(c):
 def test_symmetric_codes_scale_dtypes_shapes_and_range(impl, gen, case):
     out_f, in_f, bits, gs = case
     w = randn((out_f, in_f), gen, scale=0.05, layout="strided")
-    codes, scale = impl.quantize_symmetric(w, bits=bits, group_size=gs)
+    codes, scale = checked(impl.quantize_symmetric(w, bits=bits, group_size=gs),
+                           _check_symmetric(w, bits, gs, _sid(case)), prop="the code and scale dtypes, shapes and range")
     g, qmax = _gsize(in_f, gs), 2 ** (bits - 1) - 1
     assert codes.dtype == torch.int8 and tuple(codes.shape) == (out_f, in_f), \
         f"codes must be int8 (out, in) = {(out_f, in_f)}, got {codes.dtype} {tuple(codes.shape)} ({_sid(case)})"
@@ -83,9 +162,6 @@ def test_symmetric_codes_scale_dtypes_shapes_and_range(impl, gen, case):
     lo, hi = int(codes.min()), int(codes.max())
     assert -qmax <= lo and hi <= qmax, \
         f"codes outside [-{qmax}, {qmax}] for bits={bits}: min {lo}, max {hi} ({_sid(case)})"
-    absmax = w.to(torch.float64).abs().reshape(out_f, in_f // g, g).amax(-1)
-    assert_close(scale, absmax / qmax, atol=0, rtol=1e-6, case=_sid(case),
-                 what=f"scale is not absmax / (2**(bits-1) - 1) = absmax / {qmax}")
 
 
 @pytest.mark.part("A")
@@ -94,18 +170,9 @@ def test_symmetric_codes_scale_dtypes_shapes_and_range(impl, gen, case):
 def test_symmetric_rounds_to_nearest_within_half_scale(impl, gen, case):
     out_f, in_f, bits, gs = case
     w = randn((out_f, in_f), gen, scale=3.0)
-    codes, scale = impl.quantize_symmetric(w, bits=bits, group_size=gs)
+    codes, scale = checked(impl.quantize_symmetric(w, bits=bits, group_size=gs),
+                           _check_symmetric(w, bits, gs, _sid(case)), prop="the error bound")
     g = _gsize(in_f, gs)
-    t = w.to(torch.float64) / _per_elem(scale, g)
-    want = torch.round(t)
-    bad = (codes.to(torch.float64) != want) & ~_near_tie(t)
-    if bad.any():
-        i = int(bad.flatten().nonzero()[0, 0])
-        r, c = divmod(i, in_f)
-        trunc = bool((codes.to(torch.float64) == torch.trunc(t))[bad].all())
-        raise AssertionError(f"{'codes look truncated' if trunc else 'codes are not round(w / scale)'}: "
-                             f"{int(bad.sum())} of {w.numel()} differ ({_sid(case)}); at [{r}, {c}] w/scale="
-                             f"{t[r, c].item():.4f}, code {int(codes[r, c])}, round-to-nearest {int(want[r, c])}")
     _check_bound(w, _deq64(codes, scale, None, g), scale, g, _sid(case), "symmetric")
 
 
@@ -113,7 +180,8 @@ def test_symmetric_rounds_to_nearest_within_half_scale(impl, gen, case):
 @pytest.mark.parametrize("bits,gs", [(8, None), (4, 8)], ids=["bits8-row", "bits4-g8"])
 def test_symmetric_all_positive_groups(impl, gen, bits, gs):
     w = randn((6, 40), gen).abs() + 0.01
-    codes, scale = impl.quantize_symmetric(w, bits=bits, group_size=gs)
+    codes, scale = checked(impl.quantize_symmetric(w, bits=bits, group_size=gs),
+                           _check_symmetric(w, bits, gs, f"bits{bits}-all-positive"), prop="the code range")
     g, qmax = _gsize(40, gs), 2 ** (bits - 1) - 1
     assert int(codes.min()) >= 0, f"all-positive weights gave a negative code {int(codes.min())} (bits={bits})"
     assert bool((codes.reshape(6, 40 // g, g).amax(-1) == qmax).all()), \
@@ -129,7 +197,9 @@ def test_symmetric_all_positive_groups(impl, gen, bits, gs):
 def test_asymmetric_codes_zero_point_dtypes_and_ranges(impl, gen, case):
     out_f, in_f, bits, gs = case
     w = randn((out_f, in_f), gen, scale=0.1, layout="transposed") + 0.03
-    codes, scale, zp = impl.quantize_asymmetric(w, bits=bits, group_size=gs)
+    codes, scale, zp = checked(impl.quantize_asymmetric(w, bits=bits, group_size=gs),
+                               _check_asymmetric(w, bits, gs, _sid(case)),
+                               prop="the code, scale and zero-point dtypes, shapes and ranges")
     g, qmax = _gsize(in_f, gs), 2 ** bits - 1
     assert codes.dtype == torch.uint8 and tuple(codes.shape) == (out_f, in_f), \
         f"codes must be uint8 (out, in) = {(out_f, in_f)}, got {codes.dtype} {tuple(codes.shape)} ({_sid(case)})"
@@ -140,10 +210,6 @@ def test_asymmetric_codes_zero_point_dtypes_and_ranges(impl, gen, case):
         f"zero_point must be uint8 shaped like scale {(out_f, n)}, got {zp.dtype} {tuple(zp.shape)} ({_sid(case)})"
     assert int(codes.max()) <= qmax and int(zp.max()) <= qmax, \
         f"codes/zero points above 2**bits - 1 = {qmax}: max code {int(codes.max())}, max zero point {int(zp.max())}"
-    wg = w.to(torch.float64).reshape(out_f, n, g)
-    lo, hi = wg.amin(-1).clamp(max=0), wg.amax(-1).clamp(min=0)
-    assert_close(scale, (hi - lo) / qmax, atol=0, rtol=1e-5, case=_sid(case),
-                 what="scale is not (max(w, 0) - min(w, 0)) / (2**bits - 1)")
 
 
 @pytest.mark.part("A")
@@ -154,7 +220,8 @@ def test_asymmetric_round_to_nearest_within_half_scale_and_zero_exact(impl, gen,
     w = randn((out_f, in_f), gen, scale=2.0) - 0.4
     zero_at = torch.rand(out_f, in_f, generator=gen) < 0.1
     w[zero_at] = 0.0
-    codes, scale, zp = impl.quantize_asymmetric(w, bits=bits, group_size=gs)
+    codes, scale, zp = checked(impl.quantize_asymmetric(w, bits=bits, group_size=gs),
+                               _check_asymmetric(w, bits, gs, _sid(case)), prop="the error bound")
     g = _gsize(in_f, gs)
     deq = _deq64(codes, scale, zp, g)
     _check_bound(w, deq, scale, g, _sid(case), "asymmetric")
@@ -168,7 +235,8 @@ def test_asymmetric_round_to_nearest_within_half_scale_and_zero_exact(impl, gen,
 def test_asymmetric_group_with_minimum_zero_has_zero_point_zero(impl, gen, bits, gs):
     w = randn((5, 24), gen).abs()
     w[:, ::8] = 0.0                       # every group (and row) has minimum exactly 0
-    codes, scale, zp = impl.quantize_asymmetric(w, bits=bits, group_size=gs)
+    codes, scale, zp = checked(impl.quantize_asymmetric(w, bits=bits, group_size=gs),
+                               _check_asymmetric(w, bits, gs, f"bits{bits}-minimum-0"), prop="the zero point of a min-0 group")
     g = _gsize(24, gs)
     assert bool((zp == 0).all()), f"a group whose minimum is 0 must get zero_point 0, got {zp.flatten()[:6].tolist()}"
     deq = _deq64(codes, scale, zp, g)
@@ -180,7 +248,9 @@ def test_asymmetric_group_with_minimum_zero_has_zero_point_zero(impl, gen, bits,
 @pytest.mark.parametrize("bits", [4, 8])
 def test_asymmetric_all_positive_groups_keep_zero_in_range(impl, gen, bits):
     w = randn((4, 32), gen).abs() + 1.5           # min(w) > 0: the range is [0, max(w)]
-    codes, scale, zp = impl.quantize_asymmetric(w, bits=bits, group_size=16)
+    codes, scale, zp = checked(impl.quantize_asymmetric(w, bits=bits, group_size=16),
+                               _check_asymmetric(w, bits, 16, f"bits{bits}-g16-all-positive"),
+                               prop="the zero point of an all-positive group")
     assert bool((zp == 0).all()), (f"all-positive groups: the range [min(w, 0), max(w, 0)] starts at 0, so the "
                                    f"zero point must be 0; got {zp.flatten()[:4].tolist()}")
     _check_bound(w, _deq64(codes, scale, zp, 16), scale, 16, f"bits{bits}-g16", "asymmetric, all-positive")
@@ -204,12 +274,15 @@ def _special_weight(gen):
 @pytest.mark.parametrize("bits,gs", [(8, None), (4, 8), (8, 8)], ids=["bits8-row", "bits4-g8", "bits8-g8"])
 def test_zero_and_constant_groups_never_make_nan_or_inf(impl, gen, kind, bits, gs):
     w = _special_weight(gen)
+    case = f"{kind}-bits{bits}-" + ("row" if gs is None else f"g{gs}")
+    prop = "the zero/constant-group rules"
     if kind == "symmetric":
-        (codes, scale), m = measure(impl.quantize_symmetric, w, bits=bits, group_size=gs, nonfinite=True)
+        (codes, scale), m = measure_checked(impl.quantize_symmetric, w, bits=bits, group_size=gs, nonfinite=True,
+                                            oracle=_check_symmetric(w, bits, gs, case), prop=prop)
         zp = None
     else:
-        (codes, scale, zp), m = measure(impl.quantize_asymmetric, w, bits=bits, group_size=gs, nonfinite=True)
-    case = f"{kind}-bits{bits}-" + ("row" if gs is None else f"g{gs}")
+        (codes, scale, zp), m = measure_checked(impl.quantize_asymmetric, w, bits=bits, group_size=gs,
+                                                nonfinite=True, oracle=_check_asymmetric(w, bits, gs, case), prop=prop)
     assert not m.first_nonfinite, (f"NaN/Inf produced while quantizing all-zero/constant groups ({case}): "
                                    f"{m.first_nonfinite}; guard the zero absmax/range (casting NaN to int is undefined)")
     assert bool(torch.isfinite(scale).all()) and bool((scale >= 0).all()), \
@@ -226,8 +299,11 @@ def test_zero_and_constant_groups_never_make_nan_or_inf(impl, gen, kind, bits, g
 def test_scale_shape_per_row_or_per_group(impl, gen, gs):
     w = randn((3, 40), gen)
     n = 1 if gs is None else 40 // gs
-    _, s = impl.quantize_symmetric(w, bits=8, group_size=gs)
-    _, s2, z2 = impl.quantize_asymmetric(w, bits=4, group_size=gs)
+    case = "out3-in40-" + ("row" if gs is None else f"g{gs}")
+    _, s = checked(impl.quantize_symmetric(w, bits=8, group_size=gs), _check_symmetric(w, 8, gs, case + "-bits8"),
+                   prop="the scale shapes")
+    _, s2, z2 = checked(impl.quantize_asymmetric(w, bits=4, group_size=gs),
+                        _check_asymmetric(w, 4, gs, case + "-bits4"), prop="the scale shapes")
     for name, t in (("symmetric scale", s), ("asymmetric scale", s2), ("zero_point", z2)):
         assert tuple(t.shape) == (3, n), f"{name} shape {tuple(t.shape)}, expected (out, in // g) = (3, {n}) " \
                                          f"for group_size={gs}"
@@ -409,13 +485,14 @@ def _qlid(c):
 def test_from_linear_forward_equals_x_times_dequantized_weight(impl, gen, case):
     bits, gs, kind, bias = case
     out_f, in_f = 24, 256
-    weight = _linear_weight(gen, out_f, in_f, bits, gs, kind)
+    g = 128 if (bits == 4 and gs is None) else gs   # the group QuantizedLinear uses
+    weight = _linear_weight(gen, out_f, in_f, bits, g, kind)
     b = randn((out_f,), gen) if bias else None
     q = impl.QuantizedLinear.from_linear(_linear_next_to(impl, weight, b), bits=bits, group_size=gs)
     x = randn((2, 5, in_f), gen)
     with torch.no_grad():
         y = q(x)
-    w_hat, _ = _ref_weight(weight, bits, 128 if (bits == 4 and gs is None) else gs)
+    w_hat, _ = _ref_weight(weight, bits, g)
     ref = x.double() @ w_hat.T + (b.double() if bias else 0)
     assert_close(y, ref, atol=2e-5, rtol=1e-4, case=_qlid(case),
                  what="QuantizedLinear output differs from x @ dequantize(quantize(W)).T + bias "
@@ -452,19 +529,27 @@ def _stored_bytes(module):
                                                                                 "bits4-g128", "bits4-g32"])
 def test_weight_storage_is_out_in_bits_over_8_plus_scales(impl, gen, bits, gs):
     out_f, in_f = 40, 384
-    lin = _linear_next_to(impl, randn((out_f, in_f), gen, scale=0.05), randn((out_f,), gen))
-    q = impl.QuantizedLinear.from_linear(lin, bits=bits, group_size=gs)
     g = in_f if gs is None else gs
     if bits == 4 and gs is None:
         g = 128
+    weight, b = _linear_weight(gen, out_f, in_f, bits, g, "normal"), randn((out_f,), gen)
+    q = impl.QuantizedLinear.from_linear(_linear_next_to(impl, weight, b), bits=bits, group_size=gs)
+    stored = [("right after from_linear", *_stored_bytes(q))]
+    x = randn((3, in_f), gen)
+    with torch.no_grad():
+        y = q(x)
+    w_hat, _ = _ref_weight(weight, bits, g)
+    checked(y, x.double() @ w_hat.T + b.double(), atol=2e-5, rtol=1e-4, case=f"bits{bits}-g{g}-out{out_f}-in{in_f}",
+            what="QuantizedLinear output differs from x @ dequantize(quantize(W)).T + bias", prop="the weight storage")
+    stored.append(("after a forward call", *_stored_bytes(q)))
     n_groups = out_f * (in_f // g)
     codes = out_f * in_f * bits // 8
     allowed = codes + 8 * n_groups + 8 * out_f      # scales (+ zero points) <= 8 B/group; the bias <= 8 B/row
-    total, found = _stored_bytes(q)
-    assert codes <= total <= allowed, (
-        f"weight storage is {total} bytes; the contract allows out*in*bits/8 = {codes} bytes of codes plus "
-        f"scales/zero points ({n_groups} groups) and the bias, at most {allowed} bytes "
-        f"(bits={bits}, group {g}, out={out_f}, in={in_f}). "
-        + ("int4 codes must be packed two per byte with pack_int4 (unpacked uint8 codes take twice the space); "
-           if bits == 4 else "codes must be int8; ")
-        + "do not keep the float weight. Stored: " + "; ".join(found[:8]))
+    for when, total, found in stored:
+        assert codes <= total <= allowed, (
+            f"weight storage {when} is {total} bytes; the contract allows out*in*bits/8 = {codes} bytes of codes "
+            f"plus scales/zero points ({n_groups} groups) and the bias, at most {allowed} bytes "
+            f"(bits={bits}, group {g}, out={out_f}, in={in_f}). "
+            + ("int4 codes must be packed two per byte with pack_int4 (unpacked uint8 codes take twice the space); "
+               if bits == 4 else "codes must be int8; ")
+            + "do not keep the float weight. Stored: " + "; ".join(found[:8]))

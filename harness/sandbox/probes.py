@@ -107,28 +107,129 @@ def _numel_list(x) -> int:
     return 0
 
 
+# ProcessGroup / Backend methods (called on the group object, bypassing the functions above)
+# and the collective name each one counts as.
+_PG_METHODS = {"allreduce": "all_reduce", "allreduce_coalesced": "all_reduce_coalesced", "allgather": "all_gather",
+               "allgather_coalesced": "all_gather_coalesced", "allgather_into_tensor_coalesced": "all_gather",
+               "_allgather_base": "_all_gather_base", "all_gather_single": "all_gather_single",
+               "all_gather_single_coalesced": "all_gather", "reduce_scatter": "reduce_scatter",
+               "_reduce_scatter_base": "_reduce_scatter_base", "reduce_scatter_single": "reduce_scatter_single",
+               "reduce_scatter_single_coalesced": "reduce_scatter", "reduce_scatter_tensor_coalesced": "reduce_scatter",
+               "broadcast": "broadcast", "reduce": "reduce", "gather": "gather", "scatter": "scatter",
+               "alltoall": "all_to_all", "alltoall_base": "all_to_all_single", "all_to_all_single": "all_to_all_single",
+               "barrier": "barrier", "monitored_barrier": "monitored_barrier",
+               "send": "send", "recv": "recv", "recv_anysource": "recv"}
+_ACTIVE: list = []        # the CommCounter in force (at most one)
+_INSTALLED: list = []     # (owner, attribute, original) replaced by install_comm_hooks
+
+
+def _first_tensor_bytes(x) -> tuple[int, int]:
+    """(bytes, elements) of the first tensor in ``x`` (a tensor or nested lists of them)."""
+    for y in flat(x):
+        if isinstance(y, torch.Tensor):
+            return _nbytes(y), y.numel()
+    return 0, 0
+
+
+def _hook(name: str, original, method: bool):
+    """A permanent stand-in for a torch.distributed function or ProcessGroup method: it
+    reports to the active CommCounter (if any), forbids what it forbids, and calls through."""
+    kind = name if name in P2P or name == "recv_anysource" else "collective"
+
+    def hooked(*a, **k):
+        c = _ACTIVE[-1] if _ACTIVE else None
+        if c is None or c._depth > 0:  # not counting, or called from inside another counted call
+            return original(*a, **k)
+        args = a[1:] if method else a
+        if kind in ("send", "isend", "recv", "irecv", "recv_anysource"):
+            sending = kind in ("send", "isend")
+            nbytes, numel = _first_tensor_bytes(args[0] if args else k.get("tensor"))
+            if sending:
+                c.sent_msgs += 1
+                c.sent_bytes += nbytes
+                c.sent_elems += numel
+            else:
+                c.recv_msgs += 1
+                c.recv_bytes += nbytes
+            side = "dst" if sending else "src"
+            peer = k.get(side, k.get("group_" + side, args[1] if len(args) > 1 else "?"))
+            note(f"in {name}({side}={peer}, {nbytes} bytes) since t={time.time():.1f}")
+        elif kind == "collective" and name != "batch_isend_irecv":
+            label = _PG_METHODS.get(name, name) if method else name
+            c.collectives[label] = c.collectives.get(label, 0) + 1
+            c.collective_elems += max([_numel_list(x) for x in list(args) + list(k.values())] or [0])
+            if label in c.forbid:
+                c.forbidden.append(label)
+                raise AssertionError(f"called torch.distributed.{label}: the contract forbids collectives "
+                                     f"here (point-to-point send/recv only)")
+            note(f"in {label} since t={time.time():.1f}")
+        else:  # batch_isend_irecv: its isend/irecv calls are the ones counted
+            note(f"in {name} since t={time.time():.1f}")
+            return original(*a, **k)
+        c._depth += 1
+        try:
+            out = original(*a, **k)
+        finally:
+            c._depth -= 1
+        note(f"returned from {name}")
+        return out
+    hooked.__name__ = getattr(original, "__name__", name)
+    return hooked
+
+
+def install_comm_hooks() -> None:
+    """Replace torch.distributed's point-to-point and collective functions, and the
+    collective methods of ``ProcessGroup`` and its backends, by counting stand-ins.
+    The server calls this once, before the submission is imported, so a reference
+    the submission saves (``from torch.distributed import all_reduce``, a dict, a
+    bound method of the group) is already the stand-in."""
+    if _INSTALLED:
+        return
+    import torch.distributed as dist
+    import torch.distributed.distributed_c10d as c10d
+    from torch._C import _distributed_c10d as C
+    for name in P2P + COLLECTIVES:
+        original = getattr(c10d, name, None) or getattr(dist, name, None)
+        if original is None:
+            continue
+        new = _hook(name, original, method=False)
+        for m in (dist, c10d):
+            for attr, value in list(vars(m).items()):
+                if value is original:
+                    _INSTALLED.append((m, attr, original))
+                    setattr(m, attr, new)
+    classes = [getattr(C, n) for n in ("ProcessGroup", "Backend", "ProcessGroupGloo", "ProcessGroupNCCL")
+               if hasattr(C, n)]
+    classes += [getattr(c10d, n) for n in ("ProcessGroupGloo", "ProcessGroupNCCL") if hasattr(c10d, n)]
+    for cls in classes:
+        for attr in _PG_METHODS:
+            original = vars(cls).get(attr)
+            if original is None:
+                continue
+            _INSTALLED.append((cls, attr, original))
+            setattr(cls, attr, _hook(attr, original, method=True))
+
+
 class CommCounter:
     """Count point-to-point messages/bytes and collective calls in this rank while active.
 
     ``forbid``: collective names (from ``COLLECTIVES``) that raise ``AssertionError``
-    when called (recorded even if swallowed). Bytes are ``numel * element_size`` of
-    the tensors passed; ``collective_elems`` adds, per collective call, the elements
-    of its largest tensor argument. Patches ``torch.distributed``,
-    ``torch.distributed.distributed_c10d`` and names the implementation module bound
-    with ``from torch.distributed import ...``."""
+    when called, through the ``torch.distributed`` functions or the group object's
+    methods (recorded even if swallowed). Bytes are ``numel * element_size`` of the
+    tensors passed; ``collective_elems`` adds, per collective call, the elements of its
+    largest tensor argument. Counting is done by the stand-ins of
+    :func:`install_comm_hooks` (installed here if the server has not already)."""
 
     def __init__(self, forbid=(), modules=()):
         self.forbid = set(forbid)
         unknown = self.forbid - set(COLLECTIVES) - set(P2P)
         if unknown:
             raise ValueError(f"forbid: unknown names {sorted(unknown)}")
-        self.modules = [m for m in modules if m is not None]
         self.sent_msgs = self.sent_bytes = self.sent_elems = self.recv_msgs = self.recv_bytes = 0
         self.collectives: dict[str, int] = {}
         self.collective_elems = 0
         self.forbidden: list[str] = []
-        self._patches = []
-        self._depth = 0  # > 0 inside a collective: its internal calls are not counted again
+        self._depth = 0  # > 0 inside a counted call: its internal calls are not counted again
 
     def report(self) -> dict:
         return {"sent_msgs": self.sent_msgs, "sent_bytes": self.sent_bytes, "sent_elems": self.sent_elems,
@@ -136,70 +237,14 @@ class CommCounter:
                 "collectives": dict(self.collectives), "collective_elems": self.collective_elems,
                 "forbidden": list(self.forbidden)}
 
-    def _wrap(self, name, original):
-        counter = self
-        if name in ("send", "isend", "recv", "irecv"):
-            sending = name in ("send", "isend")
-
-            def wrapper(tensor, *a, **k):
-                if counter._depth == 0:
-                    if sending:
-                        counter.sent_msgs += 1
-                        counter.sent_bytes += _nbytes(tensor)
-                        counter.sent_elems += tensor.numel() if isinstance(tensor, torch.Tensor) else 0
-                    else:
-                        counter.recv_msgs += 1
-                        counter.recv_bytes += _nbytes(tensor)
-                peer = k.get("dst", k.get("group_dst")) if sending else k.get("src", k.get("group_src"))
-                peer = peer if peer is not None else (a[0] if a else "?")
-                note(f"in {name}({'dst' if sending else 'src'}={peer}, {_nbytes(tensor)} bytes) "
-                     f"since t={time.time():.1f}")
-                out = original(tensor, *a, **k)
-                note(f"returned from {name}({'dst' if sending else 'src'}={peer})")
-                return out
-        elif name == "batch_isend_irecv":
-            def wrapper(p2p_op_list, *a, **k):  # bytes are counted by the isend/irecv it calls
-                note(f"in batch_isend_irecv({len(p2p_op_list)} ops)")
-                return original(p2p_op_list, *a, **k)
-        else:
-            def wrapper(*a, **k):
-                if counter._depth == 0:  # a deprecated name calling its successor counts once
-                    counter.collectives[name] = counter.collectives.get(name, 0) + 1
-                    counter.collective_elems += max([_numel_list(x) for x in list(a) + list(k.values())] or [0])
-                if name in counter.forbid:
-                    counter.forbidden.append(name)
-                    raise AssertionError(f"called torch.distributed.{name}: the contract forbids collectives "
-                                         f"here (point-to-point send/recv only)")
-                note(f"in {name} since t={time.time():.1f}")
-                counter._depth += 1
-                try:
-                    out = original(*a, **k)
-                finally:
-                    counter._depth -= 1
-                note(f"returned from {name}")
-                return out
-        wrapper.__wrapped__ = original
-        return wrapper
-
     def __enter__(self):
-        import torch.distributed as dist
-        import torch.distributed.distributed_c10d as c10d
-        for name in P2P + COLLECTIVES:
-            original = getattr(c10d, name, None) or getattr(dist, name, None)
-            if original is None:
-                continue
-            new = self._wrap(name, original)
-            for m in [dist, c10d] + self.modules:
-                for attr, value in list(vars(m).items()):
-                    if value is original:
-                        self._patches.append((m, attr, original))
-                        setattr(m, attr, new)
+        install_comm_hooks()
+        _ACTIVE.append(self)
         return self
 
     def __exit__(self, *exc):
-        for m, attr, original in reversed(self._patches):
-            setattr(m, attr, original)
-        self._patches.clear()
+        if _ACTIVE and _ACTIVE[-1] is self:
+            _ACTIVE.pop()
         return False
 
 
@@ -228,7 +273,7 @@ def _watched(module, opts: dict):
         stack.enter_context(forbid(opts.get("forbid", []), module, opts.get("reason", "the contract forbids it"),
                                    seen))
         if opts.get("comm"):
-            comm = stack.enter_context(CommCounter(forbid=opts.get("comm_forbid", ()), modules=[module]))
+            comm = stack.enter_context(CommCounter(forbid=opts.get("comm_forbid", ())))
         if opts.get("no_grad"):
             stack.enter_context(torch.no_grad())
         if opts.get("flops"):
@@ -479,6 +524,123 @@ def probe_keep(module, value):
     """Keep ``value`` (e.g. a tensor that must stay in the worker between calls) and
     answer with a handle to it."""
     return value, {"keep": True}
+
+
+# --- timing (perf graders): candidate and baseline in one process, interleaved -------------------
+
+from harness import bench as _bench  # noqa: E402  (its clocks are bound now, before any submission)
+
+# Trusted baselines a grader may name (the submission cannot name others). Bound at import, before
+# the submission is imported: a submission that rebinds these names later does not change what runs.
+BASELINES = {"torch.nn.functional.scaled_dot_product_attention": torch.nn.functional.scaled_dot_product_attention}
+SDPA_BACKENDS = {"math": "MATH", "flash": "FLASH_ATTENTION", "efficient": "EFFICIENT_ATTENTION",
+                 "cudnn": "CUDNN_ATTENTION"}
+_run_interleaved = _bench.run_interleaved
+
+
+def _clone_tree(x):
+    if isinstance(x, torch.Tensor):
+        return x.detach().clone()
+    if isinstance(x, (tuple, list)):
+        return type(x)(_clone_tree(y) for y in x)
+    if isinstance(x, dict):
+        return {k: _clone_tree(v) for k, v in x.items()}
+    return x
+
+
+@contextlib.contextmanager
+def _threads(n):
+    """``torch.set_num_threads(n)`` while active (None: unchanged)."""
+    if n is None:
+        yield
+        return
+    before = torch.get_num_threads()
+    torch.set_num_threads(int(n))
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
+
+
+def probe_timed(module, target, baseline, inputs, warmup_inputs, kwargs, baseline_kwargs, opts):
+    """Time ``target`` (the candidate) against ``baseline`` with ``harness.bench.run_interleaved``.
+
+    ``baseline``: a name in ``BASELINES`` (trusted code, e.g. SDPA; ``opts["backend"]`` picks an
+    SDPA backend for it) or an implementation callable. ``inputs``: the pool (a list of argument
+    lists; the baseline gets its own copies, so a candidate that mutates its inputs cannot change
+    the baseline's work); ``warmup_inputs``: >= 3 other argument lists. ``opts``: ``device``,
+    ``repeats``, ``forbid`` (dotted names patched to raise during the candidate's calls only),
+    ``reason``, ``no_grad`` (default True), ``threads`` (intra-op threads of both while timed,
+    None: unchanged), ``forbid_ops`` (substrings of ATen op names that the candidate must not
+    reach; checked on one extra untimed call before the warm-up), ``max_call_s`` (a second
+    untimed call slower than this ends the probe at once with the figure ``too_slow_s``).
+
+    Value: the candidate's output for each pool input (its last timed call on it), kept in
+    this process (``{"keep": True}``: the caller reads them one by one). Figures (claims, see
+    the module docstring): per candidate ``median_s``, ``times_s``, ``wall_s``, ``warmup_s``
+    (the candidate's starts with the untimed calls, together), ``total_s`` (wall, every call);
+    ``loop_s`` (this probe's own total), ``forbidden`` and ``ops_forbidden``."""
+    if isinstance(baseline, str):
+        if baseline not in BASELINES:
+            raise ValueError(f"baseline {baseline!r} is not a trusted baseline ({', '.join(BASELINES)})")
+        base_fn = BASELINES[baseline]
+    elif callable(baseline):
+        base_fn = baseline
+    else:
+        raise TypeError(f"baseline must be a trusted name or a callable, got {type(baseline).__name__}")
+    t_start = _perf_counter()
+    device = torch.device(opts.get("device", "cpu"))
+    seen: list = []
+    names, reason = list(opts.get("forbid", [])), opts.get("reason", "the contract forbids it")
+    guards = {"candidate": lambda: forbid(names, module, reason, seen)}
+    backend = opts.get("backend")
+    if backend is not None:
+        from torch.nn.attention import SDPBackend, sdpa_kernel
+        if backend not in SDPA_BACKENDS:
+            raise ValueError(f"unknown SDPA backend {backend!r}")
+        chosen = getattr(SDPBackend, SDPA_BACKENDS[backend])
+        guards["baseline"] = lambda: sdpa_kernel(chosen)
+    outs: list = [None] * len(inputs)
+
+    def keep(name, i, out):
+        if name == "candidate":
+            outs[i] = detach_tree(out)
+
+    ops_hit: list = []
+    threads = opts.get("threads")
+    with torch.no_grad() if opts.get("no_grad", True) else contextlib.nullcontext(), _threads(threads):
+        first = _clone_tree(warmup_inputs[0])
+        clock = _perf_counter if device.type == "cuda" else _bench._thread_time
+        probe_s = clock()
+        if opts.get("forbid_ops"):
+            from harness.alloc import AllocationTracker
+            with guards["candidate"](), AllocationTracker() as tracker:
+                target(*first, **kwargs)
+            ops_hit = sorted(op for op in tracker.ops if any(s in op for s in opts["forbid_ops"]))
+        else:
+            with guards["candidate"]():
+                target(*first, **kwargs)
+        probe_s = clock() - probe_s
+        max_call_s = opts.get("max_call_s")
+        if max_call_s is not None:  # one plain call: a candidate too slow to time stops here, not at a timeout
+            again = _clone_tree(warmup_inputs[0])
+            w0, c0 = _perf_counter(), clock()
+            with guards["candidate"]():
+                target(*again, **kwargs)
+            wall, probe_s = _perf_counter() - w0, probe_s + clock() - c0
+            if wall > max_call_s:
+                return [], {"too_slow_s": wall, "forbidden": sorted(set(seen)), "ops_forbidden": ops_hit}
+        pools = {"candidate": inputs, "baseline": [_clone_tree(a) for a in inputs]}
+        t = _run_interleaved({"candidate": target, "baseline": base_fn}, pools, warmup_inputs, device=device,
+                             repeats=int(opts.get("repeats", _bench.REPEATS_MIN)),
+                             kwargs={"candidate": kwargs, "baseline": baseline_kwargs}, guards=guards,
+                             on_output=keep)
+    figures = {name: {"median_s": tm.median_s, "times_s": tm.times_s, "wall_s": tm.wall_s,
+                      "warmup_s": tm.warmup_s, "total_s": tm.total_s} for name, tm in t.items()}
+    figures["candidate"]["warmup_s"] = [probe_s] + figures["candidate"]["warmup_s"]
+    figures.update(loop_s=_perf_counter() - t_start, forbidden=sorted(set(seen)), ops_forbidden=ops_hit,
+                   keep=True)
+    return outs, figures
 
 
 PROBES = {name.removeprefix("probe_"): fn for name, fn in dict(globals()).items()

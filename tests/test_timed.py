@@ -1,0 +1,201 @@
+"""harness.sandbox.timed and the ``timed`` probe: candidate and baseline timed in one
+process, next to the implementation, and cross-checked from outside."""
+from __future__ import annotations
+
+import textwrap
+import time
+
+import pytest
+import torch
+
+from harness import bench, sandbox
+from harness.sandbox import timed
+
+SDPA = "torch.nn.functional.scaled_dot_product_attention"
+FORBID = [SDPA, "torch._C._nn.scaled_dot_product_attention"]
+
+HONEST = textwrap.dedent('''
+    import torch
+    import torch.nn.functional as F
+
+    def noop(x):
+        return x
+
+    def wrong(q, k, v):
+        return q
+
+    def attention(q, k, v):
+        return torch.softmax(q @ k.transpose(-1, -2) / q.shape[-1] ** 0.5, dim=-1) @ v
+
+    def slow_attention(q, k, v):
+        x = torch.randn(192, 192)
+        for _ in range(40):  # ~10 ms of matmuls, then the right answer
+            x = (x @ x).tanh()
+        return attention(q, k, v)
+
+    def sneaky(q, k, v):
+        return F.scaled_dot_product_attention(q, k, v)
+
+    def sneaky_binding(q, k, v):
+        return torch._C._nn.scaled_dot_product_attention(q, k, v)
+
+    def sneaky_swallowed(q, k, v):
+        try:
+            return F.scaled_dot_product_attention(q, k, v)
+        except AssertionError:
+            return attention(q, k, v)
+
+    def sneaky_aten(q, k, v):
+        return torch.ops.aten.scaled_dot_product_attention(q, k, v)
+''')
+
+# The same code, plus an import-time attack on every clock the probe could read.
+LIAR = HONEST + textwrap.dedent('''
+    import time
+    import harness.bench
+    import harness.sandbox.probes
+    _fake = [0.0]
+
+    def _clock():
+        _fake[0] += 1e-9
+        return _fake[0]
+
+    for _m in (time, harness.bench, harness.sandbox.probes):
+        for _name in ("perf_counter", "_perf_counter", "thread_time", "_thread_time", "process_time", "monotonic",
+                      "_monotonic"):
+            if hasattr(_m, _name):
+                setattr(_m, _name, _clock)
+''')
+
+
+def _sandbox(tmp_path, source, name):
+    path = tmp_path / f"{name}.py"
+    path.write_text(source)
+    cfg = sandbox.WorkerConfig(module_source=source, module_filename=f"{name}.py", api=[], call_timeout_s=120)
+    sb = sandbox.Sandbox(cfg, path)
+    sb.ensure()
+    sb.begin_test()
+    return sb, sandbox.RemoteModule(sb, path, name)
+
+
+@pytest.fixture(scope="module")
+def honest(tmp_path_factory):
+    sb, impl = _sandbox(tmp_path_factory.mktemp("honest"), HONEST, "honest")
+    yield impl
+    sb.close()
+
+
+@pytest.fixture(scope="module")
+def liar(tmp_path_factory):
+    sb, impl = _sandbox(tmp_path_factory.mktemp("liar"), LIAR, "liar")
+    yield impl
+    sb.close()
+
+
+def _pool(n, shape=(1, 2, 16, 16), seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return [tuple(torch.randn(shape, generator=g) for _ in range(3)) for _ in range(n)]
+
+
+def _checker(pool):
+    def check(i, out):
+        want = torch.nn.functional.scaled_dot_product_attention(*pool[i])
+        assert torch.allclose(out, want, atol=1e-5), f"timed output {i} is wrong"
+    return check
+
+
+def test_noop_overhead_is_small_locally_and_in_the_worker(honest, capsys):
+    """A no-op timed against itself: per-call figures stay far below a millisecond, both
+    in-process and in the worker (the pipe round trip is outside the timed calls)."""
+    import importlib.util
+    import sys
+    spec = importlib.util.spec_from_loader("honest_local", loader=None)
+    local = importlib.util.module_from_spec(spec)
+    exec(HONEST, local.__dict__)
+    sys.modules["honest_local"] = local
+    try:
+        x = [(torch.zeros(4),)] * 10
+        t_local = timed(local.noop, local.noop, x, warmup_inputs=x[:3])
+    finally:
+        sys.modules.pop("honest_local", None)
+    t_remote = timed(honest.noop, honest.noop, x, warmup_inputs=x[:3])
+    calls = 10
+    t0 = time.perf_counter()
+    for _ in range(calls):
+        honest.noop(torch.zeros(4))
+    proxied = (time.perf_counter() - t0) / calls
+    direct = bench._median([_direct_call_s(local.noop) for _ in range(11)])
+    for name, t in (("local", t_local), ("worker", t_remote)):
+        assert t.candidate_s < 5e-4 and t.baseline_s < 5e-4, (name, t)
+        assert not t.outside, (name, t.figures)
+    with capsys.disabled():
+        print(f"\nno-op per call: direct {direct * 1e6:.1f} us, timed locally {t_local.candidate_s * 1e6:.1f} us, "
+              f"timed in the worker {t_remote.candidate_s * 1e6:.1f} us, a proxied call {proxied * 1e6:.0f} us; "
+              f"whole timed request: local {t_local.figures['outside_total_s'] * 1e3:.1f} ms, worker "
+              f"{t_remote.figures['outside_total_s'] * 1e3:.1f} ms ({t_remote.figures['outside_clock']})")
+
+
+def _direct_call_s(fn):
+    x = torch.zeros(4)
+    t0 = time.thread_time()
+    fn(x)
+    return time.thread_time() - t0
+
+
+def test_honest_figures_are_accepted(honest):
+    pool = _pool(10)
+    t = timed(honest.slow_attention, SDPA, pool, warmup_inputs=_pool(3, seed=1), check=_checker(pool),
+              forbid=FORBID)
+    assert not t.outside and t.ratio > 10, t.figures  # ~10 ms against a tiny SDPA
+
+
+def test_a_submission_faking_the_clocks_gains_nothing(honest, liar):
+    """The worker's clocks report ~0 s per call; the outside figure (the worker's CPU time
+    from /proc, or the wall clock) is graded instead, so the ratio stays that of the
+    honest twin (within the noise), never the tiny claimed one."""
+    pool, warm = _pool(10), _pool(3, seed=1)
+    truth = timed(honest.slow_attention, SDPA, pool, warmup_inputs=warm, check=_checker(pool), forbid=FORBID)
+    faked = timed(liar.slow_attention, SDPA, pool, warmup_inputs=warm, check=_checker(pool), forbid=FORBID)
+    assert faked.figures["claimed_candidate_s"] < 1e-6, faked.figures  # the lie did reach the probe
+    assert faked.outside, faked.figures
+    assert faked.ratio > truth.ratio / 3, (truth.figures, faked.figures)
+
+
+@pytest.mark.parametrize("fn", ["sneaky", "sneaky_binding", "sneaky_swallowed", "sneaky_aten"])
+def test_a_candidate_calling_sdpa_during_timed_calls_fails(honest, fn):
+    pool = _pool(10)
+    with pytest.raises(AssertionError, match="scaled_dot_product"):
+        timed(getattr(honest, fn), SDPA, pool, warmup_inputs=_pool(3, seed=1), check=_checker(pool),
+              forbid=FORBID, forbid_ops=["scaled_dot_product"], reason="timed against SDPA")
+
+
+def test_the_baseline_may_call_what_the_candidate_must_not(honest):
+    pool = _pool(10)
+    t = timed(honest.attention, SDPA, pool, warmup_inputs=_pool(3, seed=1), check=_checker(pool), forbid=FORBID,
+              forbid_ops=["scaled_dot_product"])
+    assert t.ratio > 0 and t.baseline_s > 0
+
+
+def test_a_wrong_timed_output_fails_the_check(honest):
+    pool = _pool(10)
+    with pytest.raises(AssertionError, match="timed output"):
+        timed(honest.wrong, SDPA, pool, warmup_inputs=_pool(3, seed=1), check=_checker(pool))
+
+
+def test_untrusted_baseline_names_are_refused(honest):
+    pool = _pool(10)
+    with pytest.raises(ValueError, match="not a trusted baseline"):
+        timed(honest.attention, "os.system", pool, warmup_inputs=_pool(3, seed=1))
+
+
+def test_time_interleaved_still_times_local_callables():
+    t = bench.time_interleaved({"a": lambda x: x + 1, "b": lambda x: x * 2}, lambda i: (torch.full((8,), float(i)),),
+                               lambda name, out, args: None, device="cpu")
+    assert set(t) == {"a", "b"} and all(len(tm.times_s) == 10 and len(tm.warmup_s) == 3 for tm in t.values())
+
+
+def test_a_candidate_too_slow_to_time_fails_without_a_timeout(honest):
+    pool = _pool(10)
+    with pytest.raises(AssertionError, match="too slow to time"):
+        timed(honest.slow_attention, SDPA, pool, warmup_inputs=_pool(3, seed=1), timeout=0.3)
+    assert honest.noop(3) == 3  # the worker is still the same, healthy one
