@@ -265,10 +265,17 @@ def test_reduce_scatter_leaves_input_unchanged_and_is_bandwidth_optimal(impl, se
     W = 4
     cases = [(1001, "fp32", "sum"), (999, "fp16", "sum"), (3, "int64", "sum")]
     res = hd.run(body_reduce_scatter, W, seed, cases, impl=impl, timeout=SMALL_T)
-    for i, (n, dtype, _) in enumerate(cases):
+    for i, (n, dtype, op) in enumerate(cases):
         c = ceil_div(n, W)
         bound = (W - 1) * c * max(DT[dtype].itemsize, 4)
         case = f"W={W}, N={n}, {dtype}"
+        want = oracle([make_input(seed, r, (n,), dtype)[1] for r in range(W)], op)
+        atol, rtol = tolerance(DT[dtype], "cpu") if DT[dtype].is_floating_point else (0, 0)
+        for r in range(W):  # the byte bound counts only for a right answer
+            valid = max(0, min(c, n - r * c))
+            assert_close(res[r][i]["got"][:valid], want[r * c:r * c + valid], atol=atol, rtol=rtol,
+                         what="reduce-scatter result is wrong (the byte bound counts only when it is right)",
+                         case=f"{case}, rank {r}")
         check_comm([res[r][i]["comm"] for r in range(W)], bound_bytes=bound, what="reduce-scatter", case=case)
         for r in range(W):
             if not res[r][i]["unchanged"]:
@@ -318,6 +325,11 @@ def test_all_gather_is_bandwidth_optimal(impl, seed):
     for i, (numel, dtype) in enumerate(cases):
         c = ceil_div(numel, W)
         bound = (W - 1) * c * max(DT[dtype].itemsize, 4)
+        full, _ = make_input(seed, 0, (max(W * c, 1),), dtype)
+        for r in range(W):  # the byte bound counts only for a right answer
+            assert_close(res[r][i]["got"], full[:numel], atol=0, rtol=0,
+                         what="all-gather result is wrong (the byte bound counts only when it is right)",
+                         case=f"W={W}, numel={numel}, {dtype}, rank {r}")
         check_comm([res[r][i]["comm"] for r in range(W)], bound_bytes=bound, what="all-gather",
                    case=f"W={W}, numel={numel}, {dtype}")
 
