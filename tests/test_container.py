@@ -110,7 +110,7 @@ def _sh(client, image, script: str, user: str = "10001") -> str:
 
 
 @pytest.mark.docker
-def test_student_uid_reads_stubs_and_harness_but_no_graders_and_no_solutions(client, image):
+def test_student_uid_reads_stubs_and_worker_harness_but_no_graders_solutions_or_oracles(client, image):
     out = _sh(client, image, r"""
 import os, pwd, pathlib
 print("user", pwd.getpwuid(os.getuid()).pw_name, os.getuid())
@@ -124,12 +124,18 @@ try:
 except PermissionError:
     print("denied grader file")
 print("stub", len(open("/opt/course/labs/04/flash_attention.py").read()) > 0)
-import harness.grading, harness.plugin
+import harness.sandbox, harness.impl, harness.alloc
 print("harness ok")
+for name in ("harness.grading", "harness.oracles", "harness.testing"):
+    try:
+        __import__(name); print("IMPORTED", name)
+    except (PermissionError, ImportError):
+        print("denied", name)
 """)
     assert "user student 10001" in out
     assert "denied /opt/course/graders" in out and "LISTED" not in out and "READ" not in out
-    assert "stub True" in out and "harness ok" in out
+    assert "stub True" in out and "harness ok" in out  # what a worker stages: the allow-listed modules
+    assert "IMPORTED" not in out, out  # grader-side modules are root-only in the image
     # as root: the graders are there (mode 0700 / 0600), the solutions nowhere
     out = _sh(client, image, r"""
 import os, pathlib, stat
