@@ -6,8 +6,6 @@ failing case, then a few elements.
 """
 from __future__ import annotations
 
-import contextlib
-import importlib
 from typing import Iterable, Sequence
 
 import pytest
@@ -151,36 +149,6 @@ def measure_checked(fn, *args, oracle, atol: float = 0.0, rtol: float = 0.0, wha
     out, m = measure(fn, *args, **kwargs)
     checked(out, oracle, atol=atol, rtol=rtol, what=what, case=case, prop=prop)
     return out, m
-
-
-@contextlib.contextmanager
-def forbid_calls(targets: Iterable[str], modules: Iterable = (), reason: str = "the contract forbids it"):
-    """Patch each dotted ``targets`` entry (e.g. ``torch.nn.functional.scaled_dot_product_attention``)
-    to raise ``AssertionError`` while active, in its home module and in every module of
-    ``modules`` that bound it by name (``from torch.nn.functional import ...``)."""
-    patches = []
-    for target in targets:
-        mod_name, attr = target.rsplit(".", 1)
-        home = importlib.import_module(mod_name)
-        original = getattr(home, attr)
-
-        def forbidden(*a, _t=target, **k):
-            raise AssertionError(f"called {_t}: {reason}")
-
-        patches.append((home, attr, original, forbidden))
-        for m in modules:
-            if not hasattr(m, "__dict__"):  # a sandbox proxy: its globals live in the worker (use measure(forbid=))
-                continue
-            for name, value in list(vars(m).items()):
-                if value is original:
-                    patches.append((m, name, original, forbidden))
-    try:
-        for obj, attr, _, new in patches:
-            setattr(obj, attr, new)
-        yield
-    finally:
-        for obj, attr, old, _ in reversed(patches):
-            setattr(obj, attr, old)
 
 
 def call_id(**kw) -> str:
