@@ -103,7 +103,7 @@ class RankProxy:
                 "forbid": list(forbid), "return_args": True}
         value, figures, outside = _sb.run_probe("measure", target=fn, args=list(args), kwargs=kwargs, opts=opts,
                                                 what=f"rank {self.rank}: calling {getattr(fn, '_short', fn)}")
-        m = _sb.measurement_from(figures, outside["wall_s"], outside["peak_rss_bytes"], outside["cpu_s"])
+        m = _sb.measurement_from(figures, outside)
         if not (isinstance(value, dict) and isinstance(value.get("args"), list)
                 and isinstance(value.get("same"), list) and len(value["args"]) == len(args)):
             raise SandboxError("the implementation's process sent a malformed call report")

@@ -154,3 +154,29 @@ def measure_checked(fn, *args, oracle, atol: float = 0.0, rtol: float = 0.0, wha
 def call_id(**kw) -> str:
     """Readable test id: ``call_id(B=2, H=3, Lq=1, dtype="fp16")`` -> ``B2-H3-Lq1-fp16``."""
     return "-".join(f"{k}{v}" if k != "dtype" else str(v) for k, v in kw.items())
+
+
+MiB = 1 << 20
+
+
+def assert_memory(m, *, peak_bytes: int, largest_numel: int, what: str, case: str = "", hint: str = "") -> None:
+    """Grade one measured call's memory (``m``: a ``harness.sandbox.Measurement``).
+
+    Under the sandbox the grade follows the outside figure: the worker's peak resident
+    memory during the call minus its resident memory just before (``m.peak_growth_bytes``,
+    read from /proc by the trusted side, bytes; it includes the request's own inputs),
+    which must not exceed ``peak_bytes``. What the submission could blind (the largest
+    tensor the in-process tracker saw) is shown as a diagnostic. In-process (no outside
+    figure), the in-process largest allocation must not exceed ``largest_numel`` elements.
+    Graders pick shapes where the forbidden temporary is several times ``peak_bytes``
+    (allocator noise is a few MiB). Raises AssertionError naming ``what``, ``case``, both
+    figures and ``hint`` (what to change)."""
+    where = f" ({case})" if case else ""
+    inside = f"the largest tensor the in-process tracker saw was {m.largest or 'none'} ({m.max_numel} elements)"
+    if m.peak_growth_bytes is not None:
+        if m.peak_growth_bytes > peak_bytes:
+            raise AssertionError(f"{what}{where}: the process's resident memory grew by "
+                                 f"{m.peak_growth_bytes / MiB:.1f} MiB during the call (read from /proc, outside "
+                                 f"the process); the bound is {peak_bytes / MiB:.1f} MiB; {inside}. {hint}".rstrip())
+    elif m.max_numel > largest_numel:
+        raise AssertionError(f"{what}{where}: {inside}; the bound is {largest_numel} elements. {hint}".rstrip())

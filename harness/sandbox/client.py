@@ -603,9 +603,12 @@ class Measurement:
     ``flops``: ``torch.utils.flop_counter`` total (None unless asked); ``comm``: the
     communication counter's report (multi-rank, when asked); ``wall_s``: seconds of
     the call measured by the grader; ``peak_rss_bytes``: the worker's peak resident
-    memory during the call from /proc (None in-process); ``cpu_s``: the worker's CPU
+    memory during the call from /proc (None in-process); ``peak_growth_bytes``: that
+    peak minus the worker's resident memory just before the request (so it counts the
+    request's decoded inputs too; None in-process); ``cpu_s``: the worker's CPU
     seconds during the call from /proc (None in-process). Allocation, ops, FLOPs and
-    comm are counted next to the implementation; wall, RSS and CPU time from outside."""
+    comm are counted next to the implementation, so a submission can blind them; wall,
+    RSS and CPU time are read from outside, where it cannot."""
 
     max_numel: int = 0
     max_bytes: int = 0
@@ -619,6 +622,7 @@ class Measurement:
     first_nonfinite: str = ""  # with nonfinite=True: the first op that produced NaN/Inf
     comm: dict | None = None
     cpu_s: float | None = None
+    peak_growth_bytes: int | None = None
 
 
 def _num(extra, key):
@@ -626,8 +630,10 @@ def _num(extra, key):
     return int(v) if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) else 0
 
 
-def measurement_from(extra: dict, wall: float, peak=None, cpu=None) -> Measurement:
-    """A Measurement from a probe's figures (a worker's claims, checked for type)."""
+def measurement_from(extra: dict, outside: dict) -> Measurement:
+    """A Measurement from a probe's figures (a worker's claims, checked for type) and the
+    grader's own ``outside`` figures (see :func:`run_probe`)."""
+    peak, before = outside.get("peak_rss_bytes"), outside.get("rss_before_bytes")
     flops = extra.get("flops")
     ops = extra.get("ops")
     forbidden = extra.get("forbidden")
@@ -637,8 +643,10 @@ def measurement_from(extra: dict, wall: float, peak=None, cpu=None) -> Measureme
                        ops={str(o)[:100] for o in ops[:10000]} if isinstance(ops, list) else set(),
                        flops=int(flops) if isinstance(flops, (int, float)) and not isinstance(flops, bool) else None,
                        forbidden_called=[str(x)[:200] for x in forbidden][:20] if isinstance(forbidden, list) else [],
-                       wall_s=wall, peak_rss_bytes=peak, first_nonfinite=str(extra.get("nonfinite") or "")[:300],
-                       comm=_comm_report(comm) if comm is not None else None, cpu_s=cpu)
+                       wall_s=outside["wall_s"], peak_rss_bytes=peak,
+                       peak_growth_bytes=None if peak is None or before is None else max(0, peak - before),
+                       first_nonfinite=str(extra.get("nonfinite") or "")[:300],
+                       comm=_comm_report(comm) if comm is not None else None, cpu_s=outside.get("cpu_s"))
 
 
 def _comm_report(c) -> dict:
@@ -653,22 +661,33 @@ def _comm_report(c) -> dict:
     return out
 
 
-def _rss_reset(pid):
-    if pid:
-        with contextlib.suppress(OSError):
-            Path(f"/proc/{pid}/clear_refs").write_text("5")
+def _rss_reset(pid) -> int | None:
+    """Reset ``pid``'s peak resident memory to its current value; return that value
+    (bytes), or None where /proc cannot be written or read."""
+    if not pid:
+        return None
+    try:
+        Path(f"/proc/{pid}/clear_refs").write_text("5")
+    except OSError:
+        return None
+    return _proc_status_bytes(pid, "VmHWM")
 
 
-def _rss_peak(pid) -> int | None:
+def _proc_status_bytes(pid, key: str) -> int | None:
+    """``key`` (VmHWM, VmRSS, ...) of /proc/<pid>/status in bytes, None if unreadable."""
     if not pid:
         return None
     try:
         for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-            if line.startswith("VmHWM:"):
+            if line.startswith(key + ":"):
                 return int(line.split()[1]) * 1024
     except (OSError, ValueError, IndexError):
         return None
     return None
+
+
+def _rss_peak(pid) -> int | None:
+    return _proc_status_bytes(pid, "VmHWM")
 
 
 def _cpu_seconds(pid) -> float | None:
@@ -707,7 +726,7 @@ def run_probe(name: str, *, on=None, what: str = "", timeout: float | None = Non
     """Run probe ``name`` where its target lives (``on``, a handle, else the first handle
     among ``values``; in-process when there is none). Returns ``(value, figures,
     outside)``: ``outside`` holds the grader's own figures (``wall_s``, and for a
-    worker its ``peak_rss_bytes`` and ``cpu_s``)."""
+    worker its ``peak_rss_bytes``, ``rss_before_bytes`` and ``cpu_s``; None in-process)."""
     target = on if isinstance(on, RemoteObject) else _target_of(values)
     if target is None:
         module = next((inspect.getmodule(v) for v in values.values() if inspect.getmodule(v) is not None), None)
@@ -716,11 +735,12 @@ def run_probe(name: str, *, on=None, what: str = "", timeout: float | None = Non
             value, figures = probes.PROBES[name](module, **_local_views(values))
         finally:
             wire.VIEW_BASES.clear()
-        return value, figures, {"wall_s": time.perf_counter() - t0, "peak_rss_bytes": None, "cpu_s": None}
+        return value, figures, {"wall_s": time.perf_counter() - t0, "peak_rss_bytes": None,
+                                "rss_before_bytes": None, "cpu_s": None}
     sb, server = target._sandbox, target._server
     w = sb.ensure()
     pid = w.pid_of_server(server)
-    _rss_reset(pid)
+    before = _rss_reset(pid)
     cpu0 = _cpu_seconds(pid)
     t0 = time.perf_counter()
     op = {"op": "probe", "name": name, "keys": list(values)}
@@ -728,8 +748,8 @@ def run_probe(name: str, *, on=None, what: str = "", timeout: float | None = Non
                              server=server, timeout=timeout, max_bytes=max_bytes)
     wall = time.perf_counter() - t0
     cpu1 = _cpu_seconds(pid)
-    return value, figures, {"wall_s": wall, "peak_rss_bytes": _rss_peak(pid),
-                            "cpu_s": None if cpu0 is None or cpu1 is None else cpu1 - cpu0}
+    return value, figures, {"wall_s": wall, "peak_rss_bytes": _rss_peak(pid) if before is not None else None,
+                            "rss_before_bytes": before, "cpu_s": None if cpu0 is None or cpu1 is None else cpu1 - cpu0}
 
 
 def measure(fn, *args, alloc: bool = True, ops: bool = True, flops: bool = False, forbid: Iterable[str] = (),
@@ -753,7 +773,7 @@ def measure(fn, *args, alloc: bool = True, ops: bool = True, flops: bool = False
     out, figures, outside = run_probe("measure", target=fn, args=list(args), kwargs=kwargs, opts=opts,
                                       what=f"measuring {getattr(fn, '_short', getattr(fn, '__name__', 'a call'))}",
                                       timeout=timeout)
-    return out, measurement_from(figures, outside["wall_s"], outside["peak_rss_bytes"], outside["cpu_s"])
+    return out, measurement_from(figures, outside)
 
 
 class VJP(tuple):
@@ -801,7 +821,7 @@ def vjp(fn, args: tuple, grad_outputs=None, *, kwargs: dict | None = None, requi
     for g in value[1]:
         if g is not None and type(g) is not torch.Tensor:
             raise AssertionError(f"a gradient is a {type(g).__name__}, not a tensor")
-    m = measurement_from(figures, outside["wall_s"], outside["peak_rss_bytes"], outside["cpu_s"]) \
+    m = measurement_from(figures, outside) \
         if measure_backward else None
     return VJP(value[0], value[1], m)
 
@@ -902,6 +922,36 @@ def reachable_bytes(obj, exclude=()) -> dict:
     """``{"total", "largest"}``: bytes of every tensor storage reachable from ``obj``,
     except those of the tensors in ``exclude`` and their gradients."""
     return run_probe("reachable_bytes", target=obj, exclude=list(exclude))[0]
+
+
+def restart(impl) -> None:
+    """Start the process that holds ``impl`` (the implementation module's handle) afresh, so
+    nothing the submission kept (a memo of earlier inputs, a cache, module state) survives
+    into the next call: determinism and caching checks call this between their two calls.
+    ``impl`` keeps working (it names the module); every other handle of the old process is
+    invalid afterwards. In-process (``--sandbox none``) the module is re-executed in place.
+    Raises TypeError for a handle that is not a module."""
+    if isinstance(impl, RemoteModule):
+        impl._sandbox.kill()
+        impl._sandbox.ensure()
+    elif inspect.ismodule(impl):
+        impl.__spec__.loader.exec_module(impl)
+    else:
+        raise TypeError(f"restart(impl): impl must be the implementation module, got {type(impl).__name__}")
+
+
+def resident_bytes(obj) -> int | None:
+    """Live memory of the process that holds ``obj`` (a handle: a module, object or function
+    of the implementation), in bytes: its resident set (VmRSS from /proc, read by the trusted
+    side) after a garbage collection and ``malloc_trim`` there. State a submission hides from
+    introspection (a module-level dict, a ``SimpleNamespace``, a closure) still counts.
+    None in-process (``--sandbox none``) or where /proc cannot be read. Graders compare two
+    readings (before and after the state is built) on shapes where the state is far above the
+    allocator's noise (tens of MiB)."""
+    if not isinstance(obj, RemoteObject):
+        return None
+    run_probe("settle", target=obj, what=f"settling {obj._short}")
+    return _proc_status_bytes(obj._sandbox.ensure().pid_of_server(obj._server), "VmRSS")
 
 
 @contextlib.contextmanager

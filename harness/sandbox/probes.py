@@ -19,7 +19,10 @@ time, loopback bytes) where the contract grades them.
 from __future__ import annotations
 
 import contextlib
+import ctypes
+import ctypes.util
 import datetime
+import gc
 import importlib
 import time
 
@@ -29,6 +32,11 @@ import torch
 # attributes later does not change what the probes call).
 _perf_counter = time.perf_counter
 _monotonic = time.monotonic
+_gc_collect = gc.collect
+try:
+    _malloc_trim = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6").malloc_trim
+except (OSError, AttributeError):  # not glibc
+    _malloc_trim = None
 
 
 def note(msg: str) -> None:
@@ -344,6 +352,15 @@ def probe_saved_tensors(module, target, args, kwargs, opts):
     out = target(*leaves, **kwargs)
     saved = list(getattr(getattr(out, "grad_fn", None), "saved_tensors", ()) or ())
     return (out.detach() if isinstance(out, torch.Tensor) else out, [t.detach() for t in saved]), {}
+
+
+def probe_settle(module, target=None):
+    """Collect garbage and give freed heap memory back to the system (glibc ``malloc_trim``),
+    so that the resident memory the trusted side reads next from /proc is live memory."""
+    _gc_collect()
+    if _malloc_trim is not None:
+        _malloc_trim(0)
+    return None, {}
 
 
 def probe_param_grads(module, target):
