@@ -6,15 +6,24 @@ One entry of ``SUBMISSIONS/`` per student, named for the student:
   ``NN/<module>.py``, or a plain folder of lab files (``<module>.py``);
 * an archive of either (``.zip``, ``.tar.gz``/``.tgz``, ``.tar``, ``.tar.bz2``,
   ``.tar.xz``), unpacked safely into a temporary folder: no absolute paths, no
-  ``..``, no links or devices, at most ``MAX_MEMBERS`` entries and
+  ``..``, no links, devices or sparse files, at most ``MAX_MEMBERS`` entries and
   ``--max-unpacked-mb`` bytes in all (counted while reading, so a lying header
-  cannot blow the disk up).
+  cannot blow the disk up). Metadata is capped before it is read into memory: a
+  tar's GNU long name/link and pax headers at ``TAR_HEADER_MAX`` bytes each and
+  ``TAR_HEADERS_TOTAL`` in all, a zip's central directory at ``ZIP_DIRECTORY_MAX``.
+
+Two entries for one student (a folder and an archive, or two archives with the
+same stem: ``alice/`` and ``alice.zip``, ``alice.tar`` and ``alice.zip``) are one
+row, ``ambiguous submission: alice.tar, alice.zip``, graded neither and without a
+score until staff keep one of them.
 
 Each submission is graded by ``harness.grading.grade`` (one grading subprocess
 or container per submission) in a bounded thread pool (``--jobs``). As each one
-finishes, the trusted parent writes ``OUT/<student>/results.json`` (Gradescope's
-schema plus ``extra_data.status``; atomically), rewrites ``OUT/grades.csv``
-(one row per student, one column per grader test; atomically) and, with
+finishes, the trusted parent writes ``OUT/students/<student>/results.json``
+(Gradescope's schema plus ``extra_data.status``; atomically; under ``students/``,
+so that no student's name can be one of the class's own files), rewrites
+``OUT/grades.csv`` (one row per student, one column per grader test;
+atomically) and, with
 ``--gradebook URL``, records the part scores in an nbgrader gradebook. A run
 that is killed resumes: a student whose ``results.json`` is there for the same
 lab and the same submission bytes (``extra_data.fingerprint``) is skipped
@@ -25,19 +34,23 @@ Every student gets a row; ``status`` says what happened, and its kind
 from messages) says what it means for the grade:
 
 * ``ok``: ``ok``;
-* ``student_error`` (final, scores 0 where the code could not run):
-  ``import error: ...``, ``api mismatch: ...``, ``no module: ...``,
-  ``unpack error: ...``;
+* ``student_error`` (final until the submission changes, scores 0 where the
+  code could not run): ``import error: ...``, ``api mismatch: ...``, ``no
+  module: ...`` (also a module over ``grading.MAX_MODULE_BYTES``), ``unpack
+  error: ...``, and ``ambiguous submission: ...`` (no score);
 * ``timeout``: ``timeout: ...`` (the run hit its limit; what was graded counts);
 * ``infra_error`` (no score, retried on the next run): ``infra_error: ...``
   (the sandbox could not start, the grader run crashed) and ``grading error:
   ...`` (the graders themselves failed).
 
-The command exits 0 when grading ran, 1 when grading itself failed for some
-submission (after grading all the others).
+A row's failure (a corrupt archive, a results file that cannot be written) is
+that row's status, never the end of the class run. The command exits 0 when
+grading ran, 1 when grading itself failed for some submission (after grading
+all the others).
 """
 from __future__ import annotations
 
+import contextlib
 import csv
 import enum
 import hashlib
@@ -62,7 +75,13 @@ from .manifest import Course, Lab
 ARCHIVES = (".tar.gz", ".tgz", ".tar.bz2", ".tar.xz", ".tar", ".zip")
 MAX_MEMBERS = 10_000
 DEFAULT_MAX_UNPACKED_MB = 200
-CSV_NAME = "grades.csv"
+TAR_HEADER_MAX = 64 << 10       # bytes: one GNU long name/link or pax header
+TAR_HEADERS_TOTAL = 2 << 20     # bytes: all of them in one archive
+PAX_GLOBAL_KEYS_MAX = 64        # keys in pax global headers (copied into every member)
+ZIP_DIRECTORY_MAX = 4 << 20     # bytes: a zip's central directory (read whole by zipfile)
+ERROR_MAX = 200                 # characters of a name or an error quoted in a message
+CSV_NAME = "grades.csv"         # OUT/grades.csv
+STUDENTS_DIR = "students"       # OUT/students/<student>/results.json
 RESULTS_NAME = "results.json"
 FIXED_COLUMNS = ["student", "lab", "score", "max", "max_runnable", "status"]
 SKIP_NAMES = {"__MACOSX", ".git", "__pycache__", ".ipynb_checkpoints"}
@@ -76,16 +95,31 @@ class UnpackError(Exception):
     """An archive is corrupt, unsafe or too large; the message says which and why."""
 
 
+class OutputError(Exception):
+    """The output folder cannot hold the class's results (a path there is in the way)."""
+
+
+def _short(text: str, limit: int = ERROR_MAX) -> str:
+    """``text`` cut to ``limit`` characters (a name or an error quoted in a status)."""
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
 # --- finding the submissions ------------------------------------------------
 
 @dataclass
 class Submission:
     student: str
     path: Path  # the folder or the archive
+    entries: tuple[Path, ...] = ()  # when more than one entry is this student's: all of them
 
     @property
     def is_archive(self) -> bool:
         return self.path.is_file()
+
+    @property
+    def ambiguous(self) -> bool:
+        """More than one entry of SUBMISSIONS/ is this student's: none is graded."""
+        return len(self.entries) > 1
 
 
 def archive_stem(name: str) -> str | None:
@@ -98,8 +132,11 @@ def archive_stem(name: str) -> str | None:
 
 
 def discover(root: Path) -> tuple[list[Submission], list[str]]:
-    """The submissions in ``root`` (sorted by student) and notes on what was left out."""
-    subs, notes, seen = [], [], {}
+    """The submissions in ``root`` (sorted by student) and notes on what was left out.
+    A student with several entries (``alice/``, ``alice.zip``, ``alice.tar``) gets one
+    ``Submission`` holding them all (``ambiguous``)."""
+    found: dict[str, list[Path]] = {}
+    notes = []
     for p in sorted(root.iterdir()):
         if p.name.startswith(".") or p.name in SKIP_NAMES:
             continue
@@ -110,11 +147,8 @@ def discover(root: Path) -> tuple[list[Submission], list[str]]:
         else:
             notes.append(f"skipped {p.name}: neither a folder nor an archive ({', '.join(ARCHIVES)})")
             continue
-        if student in seen:
-            notes.append(f"skipped {p.name}: student {student!r} already submitted {seen[student]}")
-            continue
-        seen[student] = p.name
-        subs.append(Submission(student, p))
+        found.setdefault(student, []).append(p)
+    subs = [Submission(s, ps[0], tuple(ps) if len(ps) > 1 else ()) for s, ps in sorted(found.items())]
     return subs, notes
 
 
@@ -123,9 +157,9 @@ def discover(root: Path) -> tuple[list[Submission], list[str]]:
 def _safe_member(name: str) -> PurePosixPath:
     p = PurePosixPath(name.replace("\\", "/"))
     if p.is_absolute() or name.startswith(("/", "\\")) or (p.parts and ":" in p.parts[0]):
-        raise UnpackError(f"absolute path {name!r} in the archive")
+        raise UnpackError(f"absolute path {_short(repr(name))} in the archive")
     if ".." in p.parts:
-        raise UnpackError(f"path traversal {name!r} in the archive")
+        raise UnpackError(f"path traversal {_short(repr(name))} in the archive")
     return p
 
 
@@ -138,51 +172,92 @@ def _copy_capped(src, dest: Path, budget: list[int], limit: int) -> None:
             out.write(chunk)
 
 
+_TAR_EXTENDED = {tarfile.GNUTYPE_LONGNAME: "GNU long name", tarfile.GNUTYPE_LONGLINK: "GNU long link",
+                 tarfile.XHDTYPE: "pax", tarfile.XGLTYPE: "pax global", tarfile.SOLARIS_XHDTYPE: "pax"}
+
+
+class _GuardedTarInfo(tarfile.TarInfo):
+    """tarfile reads a GNU long name/link or pax header whole (``_proc_gnulong``,
+    ``_proc_pax``) and copies pax global headers into every member; this checks the
+    size a header declares before it is read and the global keys before the next
+    header, so a small archive cannot fill the memory. Sparse files are refused."""
+
+    @classmethod
+    def fromtarfile(cls, tf):
+        if len(tf.pax_headers) > PAX_GLOBAL_KEYS_MAX:
+            raise UnpackError(f"pax global headers with more than {PAX_GLOBAL_KEYS_MAX} keys")
+        return super().fromtarfile(tf)
+
+    def _proc_member(self, tf):
+        if self.type in _TAR_EXTENDED:
+            tf.labs_header_bytes = getattr(tf, "labs_header_bytes", 0) + self.size
+            if self.size > TAR_HEADER_MAX:
+                raise UnpackError(f"a {_TAR_EXTENDED[self.type]} header of {self.size} bytes "
+                                  f"(at most {TAR_HEADER_MAX >> 10} KiB)")
+            if tf.labs_header_bytes > TAR_HEADERS_TOTAL:
+                raise UnpackError(f"long-name and pax headers of more than {TAR_HEADERS_TOTAL >> 20} MiB in all")
+        return super()._proc_member(tf)
+
+    def _refuse_sparse(self, *args):
+        raise UnpackError("sparse file in the archive")
+
+    _proc_sparse = _proc_gnusparse_00 = _proc_gnusparse_01 = _proc_gnusparse_10 = _refuse_sparse
+
+
+def _unpack_tar(archive: Path, dest: Path, budget: list[int], max_bytes: int) -> None:
+    with tarfile.open(archive, "r:*", tarinfo=_GuardedTarInfo) as tf:
+        count = 0
+        for m in tf:
+            count += 1
+            if count > MAX_MEMBERS:
+                raise UnpackError(f"more than {MAX_MEMBERS} entries")
+            rel = _safe_member(m.name)
+            if not (m.isfile() or m.isdir()):
+                raise UnpackError(f"{'link' if m.issym() or m.islnk() else 'special file'} "
+                                  f"{_short(repr(m.name))} in the archive")
+            target = dest.joinpath(*rel.parts) if rel.parts else dest
+            if m.isdir():
+                target.mkdir(parents=True, exist_ok=True)
+                continue
+            target.parent.mkdir(parents=True, exist_ok=True)
+            _copy_capped(tf.extractfile(m), target, budget, max_bytes)
+
+
+def _unpack_zip(archive: Path, dest: Path, budget: list[int], max_bytes: int) -> None:
+    with open(archive, "rb") as f:  # zipfile reads the whole central directory first
+        end = zipfile._EndRecData(f)
+    if end and end[zipfile._ECD_SIZE] > ZIP_DIRECTORY_MAX:
+        raise UnpackError(f"a zip directory of {end[zipfile._ECD_SIZE]} bytes (at most {ZIP_DIRECTORY_MAX >> 20} MiB)")
+    with zipfile.ZipFile(archive) as zf:
+        infos = zf.infolist()
+        if len(infos) > MAX_MEMBERS:
+            raise UnpackError(f"{len(infos)} entries (at most {MAX_MEMBERS})")
+        for info in infos:
+            rel = _safe_member(info.filename)
+            if stat.S_ISLNK(info.external_attr >> 16):
+                raise UnpackError(f"link {_short(repr(info.filename))} in the archive")
+            target = dest.joinpath(*rel.parts) if rel.parts else dest
+            if info.is_dir():
+                target.mkdir(parents=True, exist_ok=True)
+                continue
+            target.parent.mkdir(parents=True, exist_ok=True)
+            with zf.open(info) as src:
+                _copy_capped(src, target, budget, max_bytes)
+
+
 def unpack(archive: Path, dest: Path, max_bytes: int = DEFAULT_MAX_UNPACKED_MB << 20) -> Path:
-    """Unpack ``archive`` (zip or tar, any compression) into ``dest``; regular
-    files and folders only. Raises UnpackError naming the problem."""
+    """Unpack ``archive`` (zip or tar, any compression) into ``dest`` (created) and
+    return ``dest``: regular files and folders only, at most ``max_bytes`` bytes in
+    all and ``MAX_MEMBERS`` entries, metadata capped before it is read (see the
+    module docstring). Raises UnpackError saying why (at most a few hundred
+    characters, whatever the archive's names)."""
     dest.mkdir(parents=True, exist_ok=True)
-    budget = [0]
     try:
-        if archive.name.lower().endswith(".zip"):
-            with zipfile.ZipFile(archive) as zf:
-                infos = zf.infolist()
-                if len(infos) > MAX_MEMBERS:
-                    raise UnpackError(f"{len(infos)} entries (at most {MAX_MEMBERS})")
-                for info in infos:
-                    rel = _safe_member(info.filename)
-                    mode = info.external_attr >> 16
-                    if stat.S_ISLNK(mode):
-                        raise UnpackError(f"link {info.filename!r} in the archive")
-                    target = dest.joinpath(*rel.parts) if rel.parts else dest
-                    if info.is_dir():
-                        target.mkdir(parents=True, exist_ok=True)
-                        continue
-                    target.parent.mkdir(parents=True, exist_ok=True)
-                    with zf.open(info) as src:
-                        _copy_capped(src, target, budget, max_bytes)
-        else:
-            with tarfile.open(archive, "r:*") as tf:
-                count = 0
-                for m in tf:
-                    count += 1
-                    if count > MAX_MEMBERS:
-                        raise UnpackError(f"more than {MAX_MEMBERS} entries")
-                    rel = _safe_member(m.name)
-                    if not (m.isfile() or m.isdir()):
-                        raise UnpackError(f"{'link' if m.issym() or m.islnk() else 'special file'} "
-                                          f"{m.name!r} in the archive")
-                    target = dest.joinpath(*rel.parts) if rel.parts else dest
-                    if m.isdir():
-                        target.mkdir(parents=True, exist_ok=True)
-                        continue
-                    target.parent.mkdir(parents=True, exist_ok=True)
-                    src = tf.extractfile(m)
-                    _copy_capped(src, target, budget, max_bytes)
+        (_unpack_zip if archive.name.lower().endswith(".zip") else _unpack_tar)(archive, dest, [0], max_bytes)
     except UnpackError:
         raise
     except (zipfile.BadZipFile, tarfile.TarError, EOFError, OSError, ValueError, RuntimeError) as e:
-        raise UnpackError(f"not a readable archive ({type(e).__name__}: {e})") from None
+        raise UnpackError(f"not a readable archive ({type(e).__name__}: {_short(str(e))})") from None
     return dest
 
 
@@ -220,8 +295,14 @@ def grading_root(module: Path, lab: Lab, work: Path, source: bytes | None = None
 
 def fingerprint(sub: Submission, lab: Lab) -> str:
     """sha256 of the archive's bytes, or of the folder's lab module (``missing``
-    when there is none): a changed submission is graded again on resume."""
+    when there is none; of every entry's name and fingerprint when ``ambiguous``):
+    a changed submission is graded again on resume. Raises OSError when a file
+    cannot be read."""
     h = hashlib.sha256()
+    if sub.ambiguous:
+        for p in sub.entries:
+            h.update(f"{p.name}\0{fingerprint(Submission(sub.student, p), lab)}\0".encode())
+        return "ambiguous:" + h.hexdigest()
     if sub.is_archive:
         path = sub.path
     else:
@@ -298,8 +379,8 @@ def kind_of(result: grading.GradeResult, status: str) -> Status:
 
 def _empty_results(lab: Lab, student: str, status: str, fp: str, source: Path, scored: bool = True) -> dict:
     """A row without tests; ``scored=False`` (an infrastructure failure): no score at all."""
-    return {"score": 0.0 if scored else None, "execution_time": 0.0, "output": status, "visibility": "visible",
-            "stdout_visibility": "hidden", "tests": [], "leaderboard": [],
+    return {"score": 0.0 if scored else None, "execution_time": 0.0, "output": one_line(status),
+            "visibility": "visible", "stdout_visibility": "hidden", "tests": [], "leaderboard": [],
             "extra_data": {"lab": lab.number, "max_score": lab.points, "max_score_runnable": None,
                            "seed": None, "ignored_files": [], "student": student, "status": status,
                            "fingerprint": fp, "submission": str(source)}}
@@ -324,6 +405,11 @@ def grade_one(sub: Submission, lab: Lab, course: Course, *, timeout_s: float | N
 def _grade_one(sub: Submission, lab: Lab, course: Course, *, timeout_s, sandbox, max_bytes, seed) -> Row:
     t0 = time.monotonic()
     fp = fingerprint(sub, lab)
+    if sub.ambiguous:  # which one counts is the staff's call: neither is graded
+        status = f"ambiguous submission: {', '.join(p.name for p in sub.entries)}"
+        res = _empty_results(lab, sub.student, status, fp, sub.path.parent, scored=False)
+        res["extra_data"]["entries"] = [p.name for p in sub.entries]
+        return Row(sub.student, status, res, kind=Status.STUDENT_ERROR)
     with tempfile.TemporaryDirectory(prefix=f"labs-class-{lab.number}-") as tmp:
         work = Path(tmp)
         root = sub.path
@@ -372,10 +458,19 @@ def _grade_one(sub: Submission, lab: Lab, course: Course, *, timeout_s, sandbox,
 
 # --- results on disk ------------------------------------------------------------
 
+def results_path(out: Path, student: str) -> Path:
+    """``OUT/students/<student>/results.json``: apart from the class's own files."""
+    return out / STUDENTS_DIR / student / RESULTS_NAME
+
+
 def load_row(out: Path, student: str) -> Row | None:
-    """The row kept in ``out`` for ``student``; without a known ``status_kind`` it
-    counts as an infrastructure failure (so it is graded again)."""
-    path = out / student / RESULTS_NAME
+    """The row kept in ``out`` for ``student`` (``results_path``, else where older
+    versions kept it, ``OUT/<student>/results.json``), or None when there is none
+    that can be read; without a known ``status_kind`` it counts as an
+    infrastructure failure (so it is graded again)."""
+    path = results_path(out, student)
+    if not path.is_file():
+        path = out / student / RESULTS_NAME
     try:
         res = json.loads(path.read_text())
         kind = Status(res["extra_data"].get("status_kind", Status.INFRA_ERROR.value))
@@ -446,17 +541,35 @@ def grade_all(submissions: Path, lab: Lab, course: Course, out: Path, *, jobs: i
               on_start=None, on_row=None, stop: threading.Event | None = None) -> ClassRun:
     """Grade every submission in ``submissions`` into ``out`` (see the module
     docstring). ``on_start(total, skipped)`` and ``on_row(row)`` report progress;
-    setting ``stop`` lets running gradings finish and starts no new one."""
+    setting ``stop`` lets running gradings finish and starts no new one. Raises
+    OutputError when ``out`` cannot hold the results, GradebookError when the
+    gradebook cannot be opened; a submission's failure is its row's status."""
     subs, notes = discover(submissions)
+    if out.exists() and any(s.path.resolve() == out.resolve() for s in subs):
+        notes.append(f"skipped {out.name}: it is the output folder (--out)")
+        subs = [s for s in subs if s.path.resolve() != out.resolve()]
+    for sub in subs:
+        if sub.ambiguous:
+            notes.append(f"{sub.student}: ambiguous submission ({', '.join(p.name for p in sub.entries)}): "
+                         f"graded neither; keep one and rerun")
     run = ClassRun(notes=notes)
+    for path, is_dir in ((out, True), (out / CSV_NAME, False), (out / STUDENTS_DIR, True)):
+        if path.exists() and path.is_dir() != is_dir:
+            raise OutputError(f"{path} is in the way: it should be a {'folder' if is_dir else 'file'}")
     out.mkdir(parents=True, exist_ok=True)
     done: dict[str, Row] = {}
     todo: list[Submission] = []
     for sub in subs:
         prev = None if force else load_row(out, sub.student)
-        if (prev is not None and not prev.retry and prev.results["extra_data"].get("lab") == lab.number
-                and prev.results["extra_data"].get("fingerprint") == fingerprint(sub, lab)):
+        try:
+            same = prev is not None and prev.results["extra_data"].get("fingerprint") == fingerprint(sub, lab)
+        except OSError:  # unreadable: grade_one says so in the row
+            same = False
+        if same and not prev.retry and prev.results["extra_data"].get("lab") == lab.number:
             done[sub.student] = prev
+            if not results_path(out, sub.student).is_file():  # kept by an older version: copy it under students/
+                with contextlib.suppress(OSError):
+                    grading.write_json_atomic(results_path(out, sub.student), prev.results)
         else:
             todo.append(sub)
     book = None
@@ -485,7 +598,15 @@ def grade_all(submissions: Path, lab: Lab, course: Course, out: Path, *, jobs: i
     write_csv(csv_path, list(done.values()), lab)
 
     def finish(row: Row):
-        grading.write_json_atomic(out / row.student / RESULTS_NAME, row.results)
+        try:
+            grading.write_json_atomic(results_path(out, row.student), row.results)
+        except (OSError, ValueError) as e:  # this row is retried on the next run; the others go on
+            status = one_line(f"infra_error: cannot write {STUDENTS_DIR}/{row.student}/{RESULTS_NAME}: "
+                              f"{type(e).__name__}: {_short(str(e))}")
+            res = _empty_results(lab, row.student, status, "", row.results["extra_data"].get("submission", ""),
+                                 scored=False)
+            res["extra_data"].update(status_kind=Status.INFRA_ERROR.value)
+            row = Row(row.student, status, res, row.duration_s, kind=Status.INFRA_ERROR)
         done[row.student] = row
         write_csv(csv_path, list(done.values()), lab)
         if book is not None and row.results.get("tests"):
@@ -526,7 +647,8 @@ def _default_jobs() -> int:
 @click.option("--jobs", "-j", type=int, default=None,
               help="Submissions graded at once (default: half the CPU cores).")
 @click.option("--out", "out_dir", type=click.Path(file_okay=False, path_type=Path), default=None,
-              help="Where results go: OUT/<student>/results.json and OUT/grades.csv (default: grades-labNN).")
+              help="Where results go: OUT/grades.csv and OUT/students/<student>/results.json "
+                   "(default: grades-labNN).")
 @click.option("--gradebook", default=None, metavar="URL",
               help="Also record part scores in an nbgrader gradebook (sqlite:///gradebook.db, postgresql://...).")
 @click.option("--timeout", "timeout_s", type=float, default=None,
@@ -546,6 +668,7 @@ def grade_all_command(ctx, submissions, lab_number, jobs, out_dir, gradebook, ti
     a killed run picks up where it stopped. Exit status 0 whenever grading ran.
     """
     from rich.console import Console
+    from rich.markup import escape  # names and statuses are the students' text, never markup
     from rich.table import Table
 
     from .cli import ExitCode, LabsError, _course, _lab
@@ -582,7 +705,8 @@ def grade_all_command(ctx, submissions, lab_number, jobs, out_dir, gradebook, ti
     def on_start(total, skipped):
         state.update(total=total, skipped=skipped)
         if skipped:
-            err.print(f"labs: note: skipping {skipped} submission(s) already graded in {out} (--force regrades)")
+            err.print(escape(f"labs: note: skipping {skipped} submission(s) already graded in {out} "
+                             f"(--force regrades)"))
         if progress is not None:
             nonlocal task
             progress.start()
@@ -599,8 +723,9 @@ def grade_all_command(ctx, submissions, lab_number, jobs, out_dir, gradebook, ti
             progress.update(task, advance=1, ok=state["done"] - state["failed"], failed=state["failed"])
         else:
             ed = row.results["extra_data"]
-            console.print(f"[{state['done']}/{state['total'] - state['skipped']}] {row.student}: "
-                          f"{score_text(row.results) or '-'}/{ed['max_score']:g} {row.status} ({row.duration_s:.1f} s)")
+            console.print(escape(f"[{state['done']}/{state['total'] - state['skipped']}] {row.student}: "
+                                 f"{score_text(row.results) or '-'}/{ed['max_score']:g} {row.status} "
+                                 f"({row.duration_s:.1f} s)"))
 
     stop = threading.Event()
     try:
@@ -609,11 +734,13 @@ def grade_all_command(ctx, submissions, lab_number, jobs, out_dir, gradebook, ti
                         on_start=on_start, on_row=on_row, stop=stop)
     except GradebookError as e:
         raise LabsError(str(e), hint="pass an SQLAlchemy URL: sqlite:///gradebook.db or postgresql://...") from None
+    except OutputError as e:
+        raise LabsError(str(e), hint="pass another --out, or move that path away") from None
     finally:
         if progress is not None:
             progress.stop()
     for note in run.notes:
-        err.print(f"labs: note: {note}")
+        err.print(escape(f"labs: note: {note}"))
 
     table = Table(title=f"Lab {lab.number} — {lab.title}: {len(run.rows)} submission(s)")
     for col, kw in (("Student", {}), ("Score", {"justify": "right"}), ("Max", {"justify": "right"}),
@@ -622,14 +749,17 @@ def grade_all_command(ctx, submissions, lab_number, jobs, out_dir, gradebook, ti
     for r in run.rows:
         ed = r.results["extra_data"]
         style = "green" if r.ok else "red"
-        table.add_row(r.student, score_text(r.results) or "-", f"{ed.get('max_score', lab.points):g}",
-                      f"[{style}]{r.status[:90]}[/]", "skipped" if r.skipped else f"{r.duration_s:.1f} s")
+        table.add_row(escape(r.student), score_text(r.results) or "-", f"{ed.get('max_score', lab.points):g}",
+                      f"[{style}]{escape(r.status[:90])}[/]", "skipped" if r.skipped else f"{r.duration_s:.1f} s")
     console.print(table)
     scores = [r.results["score"] for r in run.rows if r.results.get("score") is not None]
     mean = sum(scores) / len(scores) if scores else 0.0
-    console.print(f"{len(run.graded)} graded now, {len(run.rows) - len(run.graded)} skipped (already graded), "
-                  f"{sum(not r.ok for r in run.rows)} not ok; mean {mean:.2f} / {lab.points:g}; "
-                  f"results in {out}/ ({CSV_NAME}, <student>/{RESULTS_NAME})")
+    ambiguous = sum(bool(r.results["extra_data"].get("entries")) for r in run.rows)
+    console.print(escape(f"{len(run.graded)} graded now, {len(run.rows) - len(run.graded)} skipped (already graded), "
+                         f"{sum(not r.ok for r in run.rows)} not ok"
+                         + (f" ({ambiguous} ambiguous: keep one entry each and rerun)" if ambiguous else "")
+                         + f"; mean {mean:.2f} / {lab.points:g}; "
+                         f"results in {out}/ ({CSV_NAME}, {STUDENTS_DIR}/<student>/{RESULTS_NAME})"))
     if run.gradebook_error:
         raise LabsError(f"grades.csv and results.json are complete, but recording in the gradebook stopped: "
                         f"{run.gradebook_error}", ExitCode.GRADING_FAILED,

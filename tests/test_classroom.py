@@ -103,7 +103,9 @@ def test_discover_names_students_and_skips_strays(tmp_path):
         (tmp_path / f).write_bytes(b"")
     subs, notes = classroom.discover(tmp_path)
     assert [s.student for s in subs] == ["alice", "bob", "carol", "dave", "erin"]
-    assert any("notes.txt" in n for n in notes) and any("bob.zip" in n and "already" in n for n in notes)
+    assert [s.student for s in subs if s.ambiguous] == ["bob"]  # bob/ and bob.zip: one row, graded neither
+    assert [p.name for p in subs[1].entries] == ["bob", "bob.zip"] and not subs[0].entries
+    assert [n for n in notes if "notes.txt" in n] and not [n for n in notes if "bob" in n]
 
 
 def _result(stopped="", outputs=("",), outcome="failed", impl_error=""):
@@ -250,10 +252,10 @@ def test_grade_all_class_of_23_killed_then_resumed(toy_course, tmp_path):
     # run 1: killed (with its grading processes) once the first rows land
     proc = subprocess.Popen(cmd, cwd=toy_course, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     deadline = time.monotonic() + 240
-    while len(list(out.glob("*/results.json"))) < 3 and time.monotonic() < deadline and proc.poll() is None:
+    while len(list(out.glob("students/*/results.json"))) < 3 and time.monotonic() < deadline and proc.poll() is None:
         time.sleep(0.2)
     _kill_tree(proc)
-    first = {p.parent.name: p.stat().st_mtime_ns for p in out.glob("*/results.json")}
+    first = {p.parent.name: p.stat().st_mtime_ns for p in out.glob("students/*/results.json")}
     assert 3 <= len(first) < len(want), f"run 1 should have been killed mid-way: {sorted(first)}"
     rows = list(csv.DictReader((out / "grades.csv").open()))
     assert {r["student"] for r in rows} == set(first)  # the CSV always matches the finished rows
@@ -263,7 +265,7 @@ def test_grade_all_class_of_23_killed_then_resumed(toy_course, tmp_path):
     assert p.returncode == 0, p.stdout + p.stderr
     assert f"skipping {len(first)} submission(s) already graded" in p.stderr
     for s, mtime in first.items():
-        assert (out / s / "results.json").stat().st_mtime_ns == mtime, f"{s} was graded again"
+        assert (out / "students" / s / "results.json").stat().st_mtime_ns == mtime, f"{s} was graded again"
     assert f"{len(want) - len(first)} graded now, {len(first)} skipped" in p.stdout
 
     rows = {r["student"]: r for r in csv.DictReader((out / "grades.csv").open())}
@@ -276,7 +278,7 @@ def test_grade_all_class_of_23_killed_then_resumed(toy_course, tmp_path):
         assert r["status"].startswith(status), (s, r["status"])
         assert r["lab"] == "07" and float(r["max"]) == 10
         assert float(r["score"]) == pytest.approx(score), (s, r)
-        res = json.loads((out / s / "results.json").read_text())
+        res = json.loads((out / "students" / s / "results.json").read_text())
         assert res["extra_data"]["status"] == r["status"] and res["score"] == pytest.approx(float(r["score"]))
         if r["status"].startswith(("unpack error", "no module")):
             assert r["max_runnable"] == "" and r["A: test_adds"] == "" and res["tests"] == []

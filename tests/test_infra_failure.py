@@ -124,7 +124,7 @@ def test_grade_all_marks_infra_error_rows_then_retries_them(toy_course, tmp_path
         r = rows[student]
         assert r["status"].startswith("infra_error: ") and "the sandbox could not start" in r["status"], r
         assert r["score"] == ""  # no score, not 0
-        res = json.loads((out / student / "results.json").read_text())
+        res = json.loads((classroom.results_path(out, student)).read_text())
         assert res["score"] is None and res["extra_data"]["status_kind"] == "infra_error"
 
     # the environment is fixed: both are graded again; a genuine syntax error is the student's 0
@@ -135,5 +135,5 @@ def test_grade_all_marks_infra_error_rows_then_retries_them(toy_course, tmp_path
     assert rows["alice"]["status"] == "ok" and float(rows["alice"]["score"]) == pytest.approx(6.5)
     assert rows["bob"]["status"].startswith("import error: importing toy.py failed (line 1): SyntaxError"), rows
     assert float(rows["bob"]["score"]) == 0
-    res = json.loads((out / "bob/results.json").read_text())
+    res = json.loads((classroom.results_path(out, "bob")).read_text())
     assert res["extra_data"]["status_kind"] == "student_error" and res["score"] == 0
