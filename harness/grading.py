@@ -185,14 +185,18 @@ SANDBOXES = ("docker", "process")
 
 
 def run(course: Course, lab: Lab, impl_root: Path, results: Path, seed: int,
-        timeout_s: float | None = None, sandbox: str = "process") -> tuple[dict, str]:
+        timeout_s: float | None = None, sandbox: str = "process", select: str | None = None) -> tuple[dict, str]:
     """Run the lab's graders on ``impl_root``: in a child process group
     (``sandbox="process"``), or the same command inside the course's grading
     image (``"docker"``, ``harness.container.run``: no network, resource
     limits, the submission mounted read-only, results returned as JSON).
 
+    ``select``: a pytest ``-k`` expression that keeps only some grader tests (a regrade
+    of one test, the framework's own tests); the scores of a selection are not a grade.
     Returns ``(raw results, note)``; note is empty unless the run ended early.
     Raises GradingError when the graders are missing or fail to collect."""
+    if sandbox == "docker" and select is not None:
+        raise ValueError("select runs in the process sandbox only")
     if sandbox == "docker":
         from . import container
         return container.run(course, lab, impl_root, results, seed, timeout_s)
@@ -205,6 +209,8 @@ def run(course: Course, lab: Lab, impl_root: Path, results: Path, seed: int,
     cmd = [sys.executable, "-m", "pytest", str(graders), "--impl", str(impl_root), "--sandbox", "worker",
            "--labs-results", str(results), "--rootdir", str(course.root), "-q", "-p", "no:cacheprovider",
            "-o", "addopts=--import-mode=importlib", f"--timeout={lab.limits.test_timeout_s}"]
+    if select is not None:
+        cmd += ["-k", select]
     env = {**os.environ, "PYTHONDONTWRITEBYTECODE": "1", "LABS_COURSE": str(course.root), "LABS_SEED": str(seed)}
     proc = subprocess.Popen(cmd, cwd=course.root, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                             text=True, start_new_session=True, preexec_fn=_die_with_parent)
@@ -253,8 +259,9 @@ def _die_with_parent() -> None:
 
 # --- step 3: score ---------------------------------------------------------
 
-def score(raw: dict, lab: Lab, note: str = "") -> list[TestResult]:
-    """Points per test from ``labs.yaml`` parts and the tests' weights."""
+def score(raw: dict, lab: Lab, note: str = "", partial: bool = False) -> list[TestResult]:
+    """Points per test from ``labs.yaml`` parts and the tests' weights (``partial``: a
+    selection of the tests, where a part may have none)."""
     tests = raw["tests"]
     for t in tests:
         if t["part"] not in lab.parts:
@@ -262,11 +269,11 @@ def score(raw: dict, lab: Lab, note: str = "") -> list[TestResult]:
                                f"lab {lab.number} parts are {', '.join(lab.parts)}")
     weight = {p: sum(t["weight"] for t in tests if t["part"] == p) for p in lab.parts}
     for p, w in weight.items():
-        if w == 0:
+        if w == 0 and not partial:
             raise GradingError(f"lab {lab.number} part {p} has {lab.parts[p].points} points but no grader test")
     out = []
     for t in tests:
-        max_score = lab.parts[t["part"]].points * t["weight"] / weight[t["part"]]
+        max_score = lab.parts[t["part"]].points * t["weight"] / weight[t["part"]] if t["weight"] else 0.0
         bonus = lab.parts[t["part"]].bonus
         outcome, message, tags = t["outcome"], t["message"], [f"part {t['part']}"] + (["bonus"] if bonus else [])
         frac = 1.0 if outcome == "passed" else 0.0
@@ -293,11 +300,12 @@ def score(raw: dict, lab: Lab, note: str = "") -> list[TestResult]:
 # --- the pipeline ----------------------------------------------------------
 
 def grade(submission: Path | str, lab: Lab, course: Course, *, seed: int | None = None,
-          timeout_s: float | None = None, sandbox: str = "process") -> GradeResult:
+          timeout_s: float | None = None, sandbox: str = "process", select: str | None = None) -> GradeResult:
     """Grade the code at ``submission`` (a checkout root with ``labs/NN/`` or a
     directory with ``NN/<module>.py``) for ``lab``; ``sandbox`` is where the
     graders run: ``"process"`` (a local child process) or ``"docker"`` (the
-    course's grading image; see ``run``).
+    course's grading image; see ``run``); ``select``: only the grader tests a pytest
+    ``-k`` expression keeps (see ``run``).
 
     ``seed`` defaults to a fresh secret per run (kept in the result so staff can
     replay a disputed grade). Raises GradingError when grading cannot run
@@ -311,13 +319,13 @@ def grade(submission: Path | str, lab: Lab, course: Course, *, seed: int | None 
     with tempfile.TemporaryDirectory(prefix="labs-grade-") as tmp:
         work = Path(tmp)
         impl_root, notes, ignored = stage(submission, lab, work)
-        raw, note = run(course, lab, impl_root, work / "results.json", seed, timeout_s, sandbox)
+        raw, note = run(course, lab, impl_root, work / "results.json", seed, timeout_s, sandbox, select)
     reason = infra_failure(raw, note)
     if reason:
         raise InfraFailure(reason.replace(str(impl_root), str(submission)))
     if note:
         notes.append(note)
-    tests = score(raw, lab, note)
+    tests = score(raw, lab, note, partial=select is not None)
     for t in tests:  # name the submission, not the temporary copy, in messages
         t.output = t.output.replace(str(impl_root), str(submission))
     return GradeResult(lab=lab.number, submission=str(submission), seed=seed, tests=tests,

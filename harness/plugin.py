@@ -436,6 +436,11 @@ class ResultsWriter:
                                        "infra": None, "impl_error": None}
         self._flush()
 
+    def pytest_deselected(self, items):  # ``-k`` (a selection): not part of this run
+        for item in items:
+            self.tests.pop(item.nodeid, None)
+        self._flush()
+
     def pytest_runtest_logreport(self, report):
         t = self.tests.get(report.nodeid)
         if t is None:

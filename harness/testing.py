@@ -157,6 +157,7 @@ def call_id(**kw) -> str:
 
 
 MiB = 1 << 20
+START_SLACK_BYTES = 96 * MiB  # torch's lazy set-up, the submission's import, the handles a test keeps
 
 
 def assert_memory(m, *, peak_bytes: int, largest_numel: int, what: str, case: str = "", hint: str = "") -> None:
@@ -178,5 +179,11 @@ def assert_memory(m, *, peak_bytes: int, largest_numel: int, what: str, case: st
             raise AssertionError(f"{what}{where}: the process's resident memory grew by "
                                  f"{m.peak_growth_bytes / MiB:.1f} MiB during the call (read from /proc, outside "
                                  f"the process); the bound is {peak_bytes / MiB:.1f} MiB; {inside}. {hint}".rstrip())
+        over = m.peak_over_start_bytes
+        if over is not None and over > peak_bytes + START_SLACK_BYTES:
+            raise AssertionError(f"{what}{where}: at its peak the process held {over / MiB:.1f} MiB more than "
+                                 f"before the submission was imported (read from /proc); the bound is "
+                                 f"{(peak_bytes + START_SLACK_BYTES) / MiB:.0f} MiB (memory kept between calls, "
+                                 f"e.g. a buffer made at import, counts); {inside}. {hint}".rstrip())
     elif m.max_numel > largest_numel:
         raise AssertionError(f"{what}{where}: {inside}; the bound is {largest_numel} elements. {hint}".rstrip())

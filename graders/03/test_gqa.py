@@ -16,7 +16,7 @@ import torch
 from harness.oracles import attention
 from harness.bench import geomean
 from harness.sandbox import gradcheck, is_instance, param_grads, timed, vjp
-from harness.testing import assert_close, call_id, checked, measure_checked, randn, tolerance
+from harness.testing import MiB, assert_close, assert_memory, call_id, checked, measure_checked, randn, tolerance
 
 SDPA = "torch.nn.functional.scaled_dot_product_attention"
 
@@ -309,7 +309,10 @@ def test_module_gradients_reach_every_projection(impl, gen, case):
 
 # --- Part C: memory and performance ----------------------------------------------------------
 
-MEM_CASES = [(2, 8, 2, 1, 777, 32, False), (1, 16, 4, 1, 1500, 64, True), (2, 8, 1, 3, 611, 32, True)]
+# Decode shapes where K/V repeated to Hq heads (>= 128 MiB) is several times what the call
+# may hold (its inputs, the scores, allocator noise), so the worker's resident memory, read
+# from outside the process, shows it however the submission hides it from the tracker.
+MEM_CASES = [(1, 32, 2, 1, 16384, 64, False), (2, 32, 2, 4, 8192, 64, False), (1, 32, 2, 3, 16384, 64, True)]
 
 
 def _memid(c):
@@ -321,17 +324,18 @@ def _memid(c):
 @pytest.mark.parametrize("case", MEM_CASES, ids=_memid)
 def test_no_tensor_larger_than_scores_q_or_kv(impl, gen, case):
     B, Hq, Hkv, Lq, Lk, D, causal = case
-    q, k, v = _qkv(gen, B, Hq, Hkv, Lq, Lk, D)
     limit = max(B * Hq * Lq * Lk, B * Hq * Lq * D, B * Hkv * Lk * D)
-    ref, _ = attention(q, k, v, is_causal=causal)
-    _, t = measure_checked(impl.grouped_query_attention, q, k, v, is_causal=causal, no_grad=True, oracle=ref,
-                           atol=1e-5, rtol=1e-5, what="decode-shaped output differs", case=_memid(case),
-                           prop="the memory bound")
-    assert t.max_numel <= limit, (
-        f"K/V materialised at Hq heads (or another oversized temporary): {_memid(case)}, the largest tensor "
-        f"allocated was {t.largest} ({t.max_numel} elements) but the contract allows max(scores B*Hq*Lq*Lk, "
-        f"q B*Hq*Lq*D, K/V B*Hkv*Lk*D) = {limit}; K repeated to Hq heads is {B * Hq * Lk * D}. Do not "
-        "repeat_interleave/expand K or V, and beware matmul broadcasting k.unsqueeze(2) (it copies K)")
+    for _ in range(2):  # the first call (other inputs) warms torch up; the second is graded
+        q, k, v = _qkv(gen, B, Hq, Hkv, Lq, Lk, D)
+        ref, _ = attention(q, k, v, is_causal=causal)
+        _, m = measure_checked(impl.grouped_query_attention, q, k, v, is_causal=causal, no_grad=True, oracle=ref,
+                               atol=1e-5, rtol=1e-5, what="decode-shaped output differs", case=_memid(case),
+                               prop="the memory bound")
+    io = 4 * (2 * q.numel() + k.numel() + v.numel())  # float32 inputs and output
+    assert_memory(m, peak_bytes=2 * io + 3 * 4 * B * Hq * Lq * Lk + 32 * MiB, largest_numel=limit,
+                  what="K/V materialised at Hq heads (or another oversized temporary)", case=_memid(case),
+                  hint=f"K repeated to Hq heads alone is {4 * B * Hq * Lk * D / MiB:.0f} MiB. Do not "
+                       "repeat_interleave/expand K or V, and beware matmul broadcasting k.unsqueeze(2) (it copies K)")
 
 
 @pytest.mark.part("C")

@@ -190,6 +190,7 @@ class Worker:
         self.import_error: str | None = None
         self.generation = 0
         self.workdir: str | None = None
+        self.start_rss: int | None = None  # the launcher's resident bytes: a server's before the submission
         self._log = None
         self._ctl: socket.socket | None = None
 
@@ -279,6 +280,9 @@ class Worker:
         servers.sort(key=lambda k: _ns_pid(k) or k)
         for c, pid in zip(self.channels, servers):
             c.pid = pid
+        # the servers were forked from the launcher before importing the submission: what they
+        # hold beyond its resident memory came after (the submission's import, its calls)
+        self.start_rss = _proc_status_bytes(launcher[0], "VmRSS") if launcher and servers else None
 
     @property
     def alive(self) -> bool:
@@ -605,7 +609,10 @@ class Measurement:
     the call measured by the grader; ``peak_rss_bytes``: the worker's peak resident
     memory during the call from /proc (None in-process); ``peak_growth_bytes``: that
     peak minus the worker's resident memory just before the request (so it counts the
-    request's decoded inputs too; None in-process); ``cpu_s``: the worker's CPU
+    request's decoded inputs too; None in-process); ``peak_over_start_bytes``: that peak
+    minus the resident memory of the worker's launcher, i.e. of the process before the
+    submission was imported (so memory held since import counts too; None in-process);
+    ``cpu_s``: the worker's CPU
     seconds during the call from /proc (None in-process). Allocation, ops, FLOPs and
     comm are counted next to the implementation, so a submission can blind them; wall,
     RSS and CPU time are read from outside, where it cannot."""
@@ -623,6 +630,7 @@ class Measurement:
     comm: dict | None = None
     cpu_s: float | None = None
     peak_growth_bytes: int | None = None
+    peak_over_start_bytes: int | None = None
 
 
 def _num(extra, key):
@@ -633,7 +641,7 @@ def _num(extra, key):
 def measurement_from(extra: dict, outside: dict) -> Measurement:
     """A Measurement from a probe's figures (a worker's claims, checked for type) and the
     grader's own ``outside`` figures (see :func:`run_probe`)."""
-    peak, before = outside.get("peak_rss_bytes"), outside.get("rss_before_bytes")
+    peak, before, start = outside.get("peak_rss_bytes"), outside.get("rss_before_bytes"), outside.get("start_rss_bytes")
     flops = extra.get("flops")
     ops = extra.get("ops")
     forbidden = extra.get("forbidden")
@@ -645,6 +653,7 @@ def measurement_from(extra: dict, outside: dict) -> Measurement:
                        forbidden_called=[str(x)[:200] for x in forbidden][:20] if isinstance(forbidden, list) else [],
                        wall_s=outside["wall_s"], peak_rss_bytes=peak,
                        peak_growth_bytes=None if peak is None or before is None else max(0, peak - before),
+                       peak_over_start_bytes=None if peak is None or start is None else max(0, peak - start),
                        first_nonfinite=str(extra.get("nonfinite") or "")[:300],
                        comm=_comm_report(comm) if comm is not None else None, cpu_s=outside.get("cpu_s"))
 
@@ -726,7 +735,8 @@ def run_probe(name: str, *, on=None, what: str = "", timeout: float | None = Non
     """Run probe ``name`` where its target lives (``on``, a handle, else the first handle
     among ``values``; in-process when there is none). Returns ``(value, figures,
     outside)``: ``outside`` holds the grader's own figures (``wall_s``, and for a
-    worker its ``peak_rss_bytes``, ``rss_before_bytes`` and ``cpu_s``; None in-process)."""
+    worker its ``peak_rss_bytes``, ``rss_before_bytes``, ``start_rss_bytes`` (the launcher's,
+    see ``Measurement``) and ``cpu_s``; None in-process)."""
     target = on if isinstance(on, RemoteObject) else _target_of(values)
     if target is None:
         module = next((inspect.getmodule(v) for v in values.values() if inspect.getmodule(v) is not None), None)
@@ -736,7 +746,7 @@ def run_probe(name: str, *, on=None, what: str = "", timeout: float | None = Non
         finally:
             wire.VIEW_BASES.clear()
         return value, figures, {"wall_s": time.perf_counter() - t0, "peak_rss_bytes": None,
-                                "rss_before_bytes": None, "cpu_s": None}
+                                "rss_before_bytes": None, "start_rss_bytes": None, "cpu_s": None}
     sb, server = target._sandbox, target._server
     w = sb.ensure()
     pid = w.pid_of_server(server)
@@ -749,7 +759,7 @@ def run_probe(name: str, *, on=None, what: str = "", timeout: float | None = Non
     wall = time.perf_counter() - t0
     cpu1 = _cpu_seconds(pid)
     return value, figures, {"wall_s": wall, "peak_rss_bytes": _rss_peak(pid) if before is not None else None,
-                            "rss_before_bytes": before, "cpu_s": None if cpu0 is None or cpu1 is None else cpu1 - cpu0}
+                            "rss_before_bytes": before, "start_rss_bytes": w.start_rss, "cpu_s": None if cpu0 is None or cpu1 is None else cpu1 - cpu0}
 
 
 def measure(fn, *args, alloc: bool = True, ops: bool = True, flops: bool = False, forbid: Iterable[str] = (),

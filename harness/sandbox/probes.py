@@ -39,6 +39,16 @@ except (OSError, AttributeError):  # not glibc
     _malloc_trim = None
 
 
+def preload() -> None:
+    """Import what the probes use (the allocation tracker, the FLOP counter), so that
+    neither their import time nor their memory lands in a submission's first measured
+    call. Imports only: an op here could start torch's thread pools before the launcher
+    forks its servers, and a forked child then hangs in its first parallel op."""
+    import torch.utils.flop_counter  # noqa: F401
+
+    import harness.alloc  # noqa: F401
+
+
 def note(msg: str) -> None:
     """Where a rank is (shown when a multi-rank run times out); the server replaces it."""
 
