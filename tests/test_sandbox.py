@@ -83,6 +83,32 @@ TOY = textwrap.dedent('''
 
     def square(x):
         return x * x
+
+    _SAVED_SDPA_OP = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu.default  # saved at import
+    KEPT = {}
+
+    def sdpa_by_op(q):
+        return _SAVED_SDPA_OP(q, q, q)[0]
+
+    def blind_repeat(x, n):
+        from torch.utils._python_dispatch import _disable_current_modes
+        with _disable_current_modes():
+            big = x.repeat(n, 1)
+        return big.sum(0)
+
+    def repeat(x, n):
+        return x.repeat(n, 1).sum(0)
+
+    def keep(n):
+        KEPT["x"] = torch.ones(n)
+
+    def memo(x):
+        KEPT.setdefault("memo", x + 1)
+        return KEPT["memo"]
+
+    def patch_tracker():
+        import harness.alloc
+        harness.alloc.AllocationTracker._record = lambda self, name, t: None
 ''')
 
 
@@ -243,6 +269,44 @@ def test_measure_and_vjp_work_remotely(impl):
     out, (g,) = vjp(impl.square, (x,), torch.ones(5))
     assert torch.allclose(g, 2 * x.detach()) and x.grad is None
     assert sandbox.gradcheck(impl.square, (torch.randn(4, dtype=torch.float64),))
+
+
+def test_memory_is_read_from_outside_whatever_the_code_hides(impl):
+    x = torch.ones(1, 1 << 20)  # 4 MiB; repeated 64 times: 256 MiB
+    impl.repeat(x, 2)  # warm-up
+    _, honest = measure(impl.repeat, x, 64)
+    assert honest.max_bytes >= 256 << 20 and honest.peak_growth_bytes >= 200 << 20
+    with pytest.raises(AssertionError, match="switched off"):
+        measure(impl.blind_repeat, x, 64)  # the tracker would see nothing; the guard sees the trick
+    assert honest.peak_over_start_bytes >= 200 << 20  # against the launcher, before the import
+
+
+def test_resident_bytes_counts_state_kept_anywhere(impl):
+    before = sandbox.resident_bytes(impl)
+    impl.keep(16 << 20)  # 64 MiB in a module-level dict: no object holds it
+    assert sandbox.resident_bytes(impl) - before >= 60 << 20
+
+
+def test_restart_drops_a_memo(impl):
+    assert torch.equal(impl.memo(torch.zeros(2)), torch.ones(2))
+    assert torch.equal(impl.memo(torch.ones(2)), torch.ones(2))  # memoised
+    sandbox.restart(impl)
+    assert torch.equal(impl.memo(torch.ones(2)), torch.full((2,), 2.0))
+
+
+def test_forbidding_sdpa_covers_the_aten_ops_saved_at_import(impl):
+    q = torch.randn(1, 1, 4, 8)
+    _, m = measure(impl.sdpa_by_op, q, forbid=["torch.nn.functional.scaled_dot_product_attention"])
+    assert any("scaled_dot_product" in f for f in m.forbidden_called), m.forbidden_called
+
+
+def test_a_patched_tracker_fails_the_next_measured_call(toy):
+    toy.kill()  # a fresh worker: the patch must not leak into other tests
+    impl = sandbox.RemoteModule(toy, toy.module_path, "toy")
+    impl.patch_tracker()
+    with pytest.raises(AssertionError, match="replaced"):
+        measure(impl.square, torch.ones(3))
+    toy.kill()
 
 
 def test_import_failures_are_reported_once(tmp_path):

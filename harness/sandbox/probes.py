@@ -73,16 +73,58 @@ def detach_tree(x):
     return x
 
 
+SDPA = "torch.nn.functional.scaled_dot_product_attention"
+# A forbidden name forbids its family: the other Python ways to the same kernels (patched like
+# the name), and the ATen ops (substrings of op names) the in-process op list must not show: that
+# catches a ``torch.ops.aten`` overload saved at import, which no patch can reach (torch itself
+# looks those packets up, so they are never replaced).
+FAMILIES = {SDPA: ["torch._C._nn.scaled_dot_product_attention"]}
+FAMILY_OPS = {SDPA: ("scaled_dot_product",)}
+
+
+def family(names) -> list[str]:
+    """``names`` with every member of their families (see ``FAMILIES``), in order, once."""
+    out: list[str] = []
+    for n in names:
+        for m in [n] + FAMILIES.get(n, []):
+            if m not in out:
+                out.append(m)
+    return out
+
+
+def forbidden_ops(names, ops) -> list[str]:
+    """The ATen op names in ``ops`` that the families of ``names`` forbid."""
+    subs = [x for n in names for x in FAMILY_OPS.get(n, ())]
+    return sorted(f"aten.{op}" for op in ops if any(x in op for x in subs))
+
+
+def _home(target: str):
+    """(owner, attribute) of a dotted name: the longest importable module prefix, then
+    attributes (``torch.ops.aten.X`` is an attribute of the ``torch.ops`` object)."""
+    parts = target.split(".")
+    for i in range(len(parts) - 1, 0, -1):
+        try:
+            owner = importlib.import_module(".".join(parts[:i]))
+        except ImportError:
+            continue
+        for p in parts[i:-1]:
+            owner = getattr(owner, p)
+        return owner, parts[-1]
+    raise ValueError(f"cannot resolve {target!r}")
+
+
 @contextlib.contextmanager
 def forbid(names, module, reason: str, seen: list):
-    """Patch each dotted name in ``names`` to raise AssertionError while active: in its
-    home module and in ``module``'s globals where bound by name. Every call is recorded
-    in ``seen`` even if the caller swallows the error."""
+    """Patch each dotted name in ``names`` and its family (``FAMILIES``) to raise
+    AssertionError while active: in its home module and in ``module``'s globals where
+    bound by name. Every call is recorded in ``seen`` even if the caller swallows the
+    error."""
     patches = []
-    for target in names:
-        mod_name, attr = target.rsplit(".", 1)
-        home = importlib.import_module(mod_name)
-        original = getattr(home, attr)
+    for target in family(names):
+        home, attr = _home(target)
+        original = getattr(home, attr, None)
+        if original is None:  # not in this torch build
+            continue
 
         def forbidden(*a, _t=target, **k):
             seen.append(_t)
@@ -138,7 +180,7 @@ _PG_METHODS = {"allreduce": "all_reduce", "allreduce_coalesced": "all_reduce_coa
                "barrier": "barrier", "monitored_barrier": "monitored_barrier",
                "send": "send", "recv": "recv", "recv_anysource": "recv"}
 _ACTIVE: list = []        # the CommCounter in force (at most one)
-_INSTALLED: list = []     # (owner, attribute, original) replaced by install_comm_hooks
+_INSTALLED: list = []     # (owner, attribute, original, stand-in) replaced by install_comm_hooks
 
 
 def _first_tensor_bytes(x) -> tuple[int, int]:
@@ -214,7 +256,7 @@ def install_comm_hooks() -> None:
         for m in (dist, c10d):
             for attr, value in list(vars(m).items()):
                 if value is original:
-                    _INSTALLED.append((m, attr, original))
+                    _INSTALLED.append((m, attr, original, new))
                     setattr(m, attr, new)
     classes = [getattr(C, n) for n in ("ProcessGroup", "Backend", "ProcessGroupGloo", "ProcessGroupNCCL")
                if hasattr(C, n)]
@@ -224,8 +266,9 @@ def install_comm_hooks() -> None:
             original = vars(cls).get(attr)
             if original is None:
                 continue
-            _INSTALLED.append((cls, attr, original))
-            setattr(cls, attr, _hook(attr, original, method=True))
+            new = _hook(attr, original, method=True)
+            _INSTALLED.append((cls, attr, original, new))
+            setattr(cls, attr, new)
 
 
 class CommCounter:
@@ -266,6 +309,87 @@ class CommCounter:
         return False
 
 
+# --- guards: a measurement cannot be switched off or replaced unseen -------------------------
+#
+# The in-process figures (allocation tracker, FLOP counter, op list, forbidden calls) come from
+# TorchDispatchModes and patched names in the submission's own process. To hide work from a mode
+# a submission must take it off the dispatch stack or exclude the Python dispatch key; to fake a
+# figure it must replace a method of the tracker or counter. Both go through the torch._C bindings
+# and classes below, which install_guards() replaces by recording stand-ins before the submission
+# is imported (so a reference it saves is already the stand-in). A measured call during which one
+# was called, or after which one is no longer in place, fails: no honest lab solution needs them.
+# (What the trusted side grades on still comes from outside where it can: resident memory, CPU time.)
+
+_BLINDING = ("_pop_torch_dispatch_stack", "_unset_dispatch_mode", "_DisableTorchDispatch", "_ExcludeDispatchKeyGuard",
+             "ExcludeDispatchKeyGuard", "_SetExcludeDispatchKeyGuard", "_dispatch_tls_set_dispatch_key_excluded")
+_GUARD = {"depth": 0, "calls": []}  # depth > 0: a submission's measured call is running
+_IN_PLACE: list = []  # (owner, attribute, object): what must still be there when a measured call ends
+
+
+def _recording(name: str, original):
+    def standin(*a, **k):
+        if _GUARD["depth"] and len(_GUARD["calls"]) < 10:
+            _GUARD["calls"].append(name)
+        return original(*a, **k)
+    standin.__name__ = getattr(original, "__name__", name)
+    return standin
+
+
+def install_guards() -> None:
+    """Replace the dispatch-stack bindings of ``_BLINDING`` (in ``torch._C`` and wherever a
+    loaded torch module bound them by name) by recording stand-ins, and note the methods of
+    the tracker, the FLOP counter and the comm stand-ins that must stay in place. The server
+    calls this before the submission is imported; idempotent."""
+    if _IN_PLACE:
+        return
+    import sys
+
+    from torch.utils.flop_counter import FlopCounterMode
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    from harness.alloc import AllocationTracker
+    torch_modules = [m for n, m in list(sys.modules.items()) if n == "torch" or n.startswith("torch.")]
+    for name in _BLINDING:
+        original = getattr(torch._C, name, None)
+        if original is None:
+            continue
+        standin = _recording(f"torch._C.{name}", original)
+        for mod in [torch._C] + torch_modules:
+            for attr, value in list(getattr(mod, "__dict__", {}).items()):
+                if value is original:
+                    setattr(mod, attr, standin)
+                    _IN_PLACE.append((mod, attr, standin))
+    for cls in (AllocationTracker, FlopCounterMode, TorchDispatchMode):
+        for attr, value in list(vars(cls).items()):
+            if callable(value) or isinstance(value, (classmethod, staticmethod)):
+                _IN_PLACE.append((cls, attr, value))
+    _IN_PLACE.extend((owner, attr, new) for owner, attr, _, new in _INSTALLED)
+
+
+def _tampered() -> list[str]:
+    return [f"{getattr(o, '__name__', o)}.{a}" for o, a, v in _IN_PLACE
+            if (vars(o).get(a) if isinstance(o, type) else getattr(o, a, None)) is not v][:5]
+
+
+@contextlib.contextmanager
+def guarded():
+    """Around a submission's measured call: raise AssertionError afterwards if the call
+    switched a measurement off (called a ``_BLINDING`` binding) or replaced part of one."""
+    install_guards()
+    _GUARD["depth"] += 1
+    if _GUARD["depth"] == 1:
+        _GUARD["calls"] = []
+    try:
+        yield
+    finally:
+        _GUARD["depth"] -= 1
+    problems = sorted(set(_GUARD["calls"])) + _tampered()
+    if problems and _GUARD["depth"] == 0:
+        raise AssertionError(f"the measurement was switched off or replaced during the call ({', '.join(problems)}); "
+                             "the lab's code must run under the grader's measurements (no torch dispatch-stack "
+                             "manipulation, no patching of the harness)")
+
+
 # --- measure: allocations, ops, FLOPs, forbidden calls, communication ------------------------
 
 def _figures(tracker, counter, seen, comm) -> dict:
@@ -300,8 +424,11 @@ def _watched(module, opts: dict):
         if opts.get("alloc", True) or opts.get("ops", True) or opts.get("nonfinite"):
             tracker = stack.enter_context(AllocationTracker(watch_nonfinite=bool(opts.get("nonfinite"))))
         t0 = _perf_counter()
-        yield box
+        with guarded():
+            yield box
         box["wall_in"] = _perf_counter() - t0
+    if tracker is not None:
+        seen.extend(forbidden_ops(opts.get("forbid", []), tracker.ops))
     box.update(_figures(tracker, counter, seen, comm))
 
 
@@ -337,7 +464,8 @@ def probe_vjp(module, target, args, kwargs, grad_outputs, opts):
     seen: list = []
     figures: dict = {}
     with forbid(opts.get("forbid", []), module, opts.get("reason", "the contract forbids it"), seen):
-        out = target(*leaves, **kwargs)
+        with guarded():
+            out = target(*leaves, **kwargs)
         outs = [t for t in flat(out) if isinstance(t, torch.Tensor)]
         g = [x for x in flat(grad_outputs) if isinstance(x, torch.Tensor)] if grad_outputs is not None else None
         pairs = [(o, gg) for o, gg in zip(outs, g or [None] * len(outs)) if o.requires_grad]
@@ -345,9 +473,10 @@ def probe_vjp(module, target, args, kwargs, grad_outputs, opts):
             raise AssertionError("the output does not require grad: no autograd graph reaches the inputs "
                                  "(detached, computed under no_grad, or not built from them)")
         tracker = AllocationTracker() if opts.get("measure_backward") else None
-        with tracker if tracker is not None else contextlib.nullcontext():
+        with tracker if tracker is not None else contextlib.nullcontext(), guarded():
             torch.autograd.backward([o for o, _ in pairs], [x for _, x in pairs] if g is not None else None)
         if tracker is not None:
+            seen.extend(forbidden_ops(opts.get("forbid", []), tracker.ops))
             figures = _figures(tracker, None, seen, None)
     grads = tuple(a.grad if isinstance(a, torch.Tensor) and a.requires_grad else None for a in leaves)
     figures["forbidden"] = sorted(set(seen))
@@ -602,7 +731,7 @@ def probe_timed(module, target, baseline, inputs, warmup_inputs, kwargs, baselin
     ``repeats``, ``forbid`` (dotted names patched to raise during the candidate's calls only),
     ``reason``, ``no_grad`` (default True), ``threads`` (intra-op threads of both while timed,
     None: unchanged), ``forbid_ops`` (substrings of ATen op names that the candidate must not
-    reach; checked on one extra untimed call before the warm-up), ``max_call_s`` (a second
+    reach, besides those of the ``forbid`` names' families; checked on one extra untimed call before the warm-up), ``max_call_s`` (a second
     untimed call slower than this ends the probe at once with the figure ``too_slow_s``).
 
     Value: the candidate's output for each pool input (its last timed call on it), kept in
@@ -622,7 +751,12 @@ def probe_timed(module, target, baseline, inputs, warmup_inputs, kwargs, baselin
     device = torch.device(opts.get("device", "cpu"))
     seen: list = []
     names, reason = list(opts.get("forbid", [])), opts.get("reason", "the contract forbids it")
-    guards = {"candidate": lambda: forbid(names, module, reason, seen)}
+    @contextlib.contextmanager
+    def candidate_guard():
+        with forbid(names, module, reason, seen), guarded():
+            yield
+
+    guards = {"candidate": candidate_guard}
     backend = opts.get("backend")
     if backend is not None:
         from torch.nn.attention import SDPBackend, sdpa_kernel
@@ -642,11 +776,12 @@ def probe_timed(module, target, baseline, inputs, warmup_inputs, kwargs, baselin
         first = _clone_tree(warmup_inputs[0])
         clock = _perf_counter if device.type == "cuda" else _bench._thread_time
         probe_s = clock()
-        if opts.get("forbid_ops"):
+        op_subs = list(opts.get("forbid_ops", [])) + [x for n in names for x in FAMILY_OPS.get(n, ())]
+        if op_subs:
             from harness.alloc import AllocationTracker
-            with guards["candidate"](), AllocationTracker() as tracker:
+            with AllocationTracker() as tracker, guards["candidate"]():  # the guard inside: the tracker's own exit pops
                 target(*first, **kwargs)
-            ops_hit = sorted(op for op in tracker.ops if any(s in op for s in opts["forbid_ops"]))
+            ops_hit = sorted(op for op in tracker.ops if any(s in op for s in op_subs))
         else:
             with guards["candidate"]():
                 target(*first, **kwargs)

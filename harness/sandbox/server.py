@@ -248,6 +248,7 @@ def main():
             for name in ("torch.distributed", "torch._dynamo"):  # the optimizer imports dynamo: seconds per rank
                 importlib.import_module(name)
             probes.install_comm_hooks()  # before the submission can save a reference to anything it wraps
+        probes.install_guards()  # likewise: the dispatch-stack bindings and the measurements' own methods
         from harness import impl as _impl
         os.makedirs("impl", exist_ok=True)
         src_path = os.path.abspath(os.path.join("impl", header["module_filename"]))
