@@ -16,10 +16,10 @@ one thread per rank, driving its rank through ``rk`` (a :class:`RankProxy`):
 ``rk.impl.f(x)`` runs there), and the probes :meth:`RankProxy.call` (a call under
 the communication counter and forbidden collectives, with the arguments as they
 are after the call), :meth:`RankProxy.keep` (a value kept on the rank, e.g. a
-parameter an optimizer holds), :meth:`RankProxy.new_groups` and
-:meth:`RankProxy.reachable_bytes`. Inputs are built by the grader and sent as
-tensors; the seed never reaches a rank. ``run`` returns the W return values of
-``body``, in rank order.
+parameter an optimizer holds), :meth:`RankProxy.new_groups`,
+:meth:`RankProxy.reachable_bytes` and :meth:`RankProxy.resident_bytes`. Inputs
+are built by the grader and sent as tensors; the seed never reaches a rank.
+``run`` returns the W return values of ``body``, in rank order.
 
 Failures
   * A rank that raises fails the run with :class:`RankError` naming the rank and
@@ -99,7 +99,8 @@ class RankProxy:
         """``fn(*args, **kwargs)`` on this rank under the communication counter;
         ``forbid_collectives`` (names from ``COLLECTIVES``) raise in the rank and are
         recorded even if swallowed; ``forbid``: dotted names as in ``measure``."""
-        opts = {"alloc": alloc, "ops": alloc, "comm": True, "comm_forbid": list(forbid_collectives),
+        opts = {"alloc": alloc, "ops": alloc or bool(forbid_collectives), "comm": True,
+                "comm_forbid": list(forbid_collectives),
                 "forbid": list(forbid), "return_args": True}
         value, figures, outside = _sb.run_probe("measure", target=fn, args=list(args), kwargs=kwargs, opts=opts,
                                                 what=f"rank {self.rank}: calling {getattr(fn, '_short', fn)}")
@@ -107,8 +108,11 @@ class RankProxy:
         if not (isinstance(value, dict) and isinstance(value.get("args"), list)
                 and isinstance(value.get("same"), list) and len(value["args"]) == len(args)):
             raise SandboxError("the implementation's process sent a malformed call report")
-        return Call(value.get("out"), value["args"], [x is True for x in value["same"]],
-                    m.comm or {"forbidden": ["<no report>"], "collectives": {}, "sent_bytes": 1 << 62}, m)
+        comm = m.comm or {"forbidden": ["<no report>"], "collectives": {}, "sent_bytes": 1 << 62}
+        if comm["forbidden"]:  # even where the call went on (an error swallowed, a c10d op seen afterwards)
+            raise AssertionError(f"rank {self.rank} called {', '.join(sorted(set(comm['forbidden'])))}: the contract "
+                                 "forbids collectives here (point-to-point send/recv only)")
+        return Call(value.get("out"), value["args"], [x is True for x in value["same"]], comm, m)
 
     def keep(self, value):
         """Send ``value`` to this rank and keep it there; returns a handle to it."""
@@ -124,6 +128,12 @@ class RankProxy:
     def reachable_bytes(self, obj, exclude=()) -> dict:
         """Bytes of tensor storage reachable from ``obj`` on this rank (see sandbox.reachable_bytes)."""
         return _sb.reachable_bytes(obj, exclude)
+
+    def resident_bytes(self, obj) -> int | None:
+        """Live memory of this rank's process, in bytes, read from outside it (see
+        sandbox.resident_bytes): ``obj`` is a handle on this rank (``rk.impl``, an object).
+        State kept where introspection cannot see it (a module-level dict, a closure) counts."""
+        return _sb.resident_bytes(obj)
 
 
 class _RankSandbox(Sandbox):

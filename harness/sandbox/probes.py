@@ -179,6 +179,15 @@ _PG_METHODS = {"allreduce": "all_reduce", "allreduce_coalesced": "all_reduce_coa
                "alltoall": "all_to_all", "alltoall_base": "all_to_all_single", "all_to_all_single": "all_to_all_single",
                "barrier": "barrier", "monitored_barrier": "monitored_barrier",
                "send": "send", "recv": "recv", "recv_anysource": "recv"}
+# c10d dispatcher ops (what the functions and methods above end in; callable directly as
+# ``torch.ops.c10d.<op>``) and the collective each one is
+C10D_OPS = {"allreduce_": "all_reduce", "allreduce_coalesced_": "all_reduce_coalesced", "allgather_": "all_gather",
+            "_allgather_base_": "_all_gather_base", "allgather_coalesced_": "all_gather_coalesced",
+            "allgather_into_tensor_coalesced_": "all_gather", "reduce_scatter_": "reduce_scatter",
+            "_reduce_scatter_base_": "_reduce_scatter_base", "reduce_scatter_tensor_coalesced_": "reduce_scatter",
+            "broadcast_": "broadcast", "reduce_": "reduce", "gather_": "gather", "scatter_": "scatter",
+            "alltoall_": "all_to_all", "alltoall_base_": "all_to_all_single", "barrier": "barrier",
+            "monitored_barrier_": "monitored_barrier"}
 _ACTIVE: list = []        # the CommCounter in force (at most one)
 _INSTALLED: list = []     # (owner, attribute, original, stand-in) replaced by install_comm_hooks
 
@@ -429,6 +438,9 @@ def _watched(module, opts: dict):
         box["wall_in"] = _perf_counter() - t0
     if tracker is not None:
         seen.extend(forbidden_ops(opts.get("forbid", []), tracker.ops))
+        if comm is not None:  # a collective reached as a c10d op (``torch.ops.c10d.allreduce_``), past every stand-in
+            comm.forbidden.extend(sorted({C10D_OPS[op] for op in tracker.ops if C10D_OPS.get(op) in comm.forbid}
+                                         - set(comm.forbidden)))
     box.update(_figures(tracker, counter, seen, comm))
 
 
