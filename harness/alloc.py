@@ -29,6 +29,9 @@ class AllocationTracker(TorchDispatchMode):
       ``total_bytes`` bytes allocated in all, freed or not;
       ``largest``    the op, shape and dtype of the largest allocation;
       ``ops``        names of every op seen (for "must not call" checks);
+      ``c10d_sent_bytes`` bytes of the tensors passed to the c10d ``send`` dispatcher op
+                     (what ``dist.send``/``isend`` end in, also when called as
+                     ``torch.ops.c10d.send``);
       ``first_nonfinite`` with ``watch_nonfinite=True``: the first op whose floating
                      output held NaN or Inf (casting NaN to an integer is undefined
                      behaviour even where it gives 0, so final outputs can hide it).
@@ -43,11 +46,15 @@ class AllocationTracker(TorchDispatchMode):
         self.total_bytes = 0
         self.largest = ""
         self.ops: set[str] = set()
+        self.c10d_sent_bytes = 0
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         out = func(*args, **(kwargs or {}))
         name = str(func.overloadpacket.__name__)
         self.ops.add(name)
+        if name == "send" and func.namespace == "c10d" and args:
+            self.c10d_sent_bytes += sum(t.numel() * t.element_size() for t in tree_flatten(args[0])[0]
+                                        if isinstance(t, torch.Tensor))
         returns = func._schema.returns
         outs = out if isinstance(out, (tuple, list)) else (out,)
         for i, t in enumerate(outs):

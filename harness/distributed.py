@@ -47,6 +47,7 @@ from typing import Any, Callable
 import torch
 
 from . import sandbox as _sb
+from .sandbox import isolation
 from .sandbox.client import Budget, RemoteModule, Sandbox, SandboxError, WorkerConfig, WorkerCrashed, WorkerTimeout
 from .sandbox.probes import COLLECTIVES, DATA_COLLECTIVES, P2P  # noqa: F401  (graders name them)
 from .sandbox.wire import View  # noqa: F401  (graders send views with their base)
@@ -219,9 +220,36 @@ def choose_backend(device: str, world_size: int) -> str:
     return "gloo"
 
 
+class Results(list):
+    """The W results of :func:`run`, in rank order, and ``loopback_bytes``: the bytes the
+    ranks' private loopback carried during the run (every rank's sends, gloo's own few
+    KB of set-up and the TCP/IP headers included), read by the trusted side from
+    /proc/<pid>/net/dev, outside every rank, so no code in a rank can hide what it sent.
+    None where the ranks share this machine's network (no network namespace)."""
+
+    loopback_bytes: int | None = None
+
+
+def loopback_tx_bytes(pid: int | None) -> int | None:
+    """Bytes sent on ``lo`` in the network namespace of ``pid`` (/proc/<pid>/net/dev), or
+    None where unreadable. These are IP packet bytes: TCP/IP headers and ACKs add about
+    0.2% to the payload on loopback (64 KiB segments), which a bound's slack covers."""
+    if not pid:
+        return None
+    try:
+        for line in Path(f"/proc/{pid}/net/dev").read_text().splitlines():
+            name, _, rest = line.partition(":")
+            if name.strip() == "lo":
+                return int(rest.split()[8])
+    except (OSError, ValueError, IndexError):
+        return None
+    return None
+
+
 def run(body: Callable, world_size: int, *args, impl, timeout: float = 30.0, device: str = "cpu",
-        **kwargs) -> list:
-    """Run ``body(rk, *args, **kwargs)`` for each of ``world_size`` ranks; return the W results.
+        **kwargs) -> Results:
+    """Run ``body(rk, *args, **kwargs)`` for each of ``world_size`` ranks; return the W results
+    (a :class:`Results`, which also carries the run's ``loopback_bytes``).
 
     ``impl`` is the ``impl`` fixture (the implementation under test). ``timeout``:
     seconds for the whole run. Raises ``RankError`` (a rank raised or died) or
@@ -267,6 +295,9 @@ def run(body: Callable, world_size: int, *args, impl, timeout: float = 30.0, dev
 
     threads = [threading.Thread(target=drive, args=(rk,), daemon=True, name=f"labs-rank{rk.rank}")
                for rk in proxies]
+    namespaced = bool(isolation.isolation_prefix())
+    wire_pid = sb.worker.pid_of_server(0) if namespaced else None
+    wire0 = loopback_tx_bytes(wire_pid)
     start = time.monotonic()
     for t in threads:
         t.start()
@@ -286,7 +317,10 @@ def run(body: Callable, world_size: int, *args, impl, timeout: float = 30.0, dev
     if hung or errors:
         _recover(sb, proxies, threads, hung, errors)
     if not hung and not errors:
-        return [results[r] for r in range(world_size)]
+        out = Results(results[r] for r in range(world_size))
+        wire1 = loopback_tx_bytes(wire_pid)
+        out.loopback_bytes = None if wire0 is None or wire1 is None else wire1 - wire0
+        return out
     texts = {r: _describe(e) for r, e in errors.items()}
     primary = [r for r, e in errors.items() if not isinstance(e, WorkerTimeout)
                and not any(k in texts[r] for k in _SECONDARY)]

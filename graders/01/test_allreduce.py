@@ -500,6 +500,14 @@ def test_large_tensor_completes_without_deadlock(W, impl, seed):
     c = ceil_div(n, W)
     check_comm([res[r][0]["comm"] for r in range(W)], bound_bytes=2 * (W - 1) * c * 4, what="all-reduce",
                case=f"W={W}, N={n}")
+    # the same bound on what the ranks' private loopback carried, read outside every rank: bytes
+    # sent past the counter (a c10d op, a socket of its own) count there too
+    limit = W * 2 * (W - 1) * c * 4 * 1.02 + (1 << 20)  # + TCP/IP headers and gloo's set-up
+    if res.loopback_bytes is not None and res.loopback_bytes > limit:
+        raise AssertionError(f"all-reduce is not bandwidth-optimal (W={W}, N={n}): the ranks' network carried "
+                             f"{res.loopback_bytes} bytes (read outside the ranks), a ring sends at most "
+                             f"{W * 2 * (W - 1) * c * 4} in all (+2% and 1 MiB for headers and set-up); the ranks' "
+                             f"own counters claimed {sum(res[r][0]['comm']['sent_bytes'] for r in range(W))}")
 
 
 # ============================================================================ performance

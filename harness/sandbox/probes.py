@@ -438,9 +438,10 @@ def _watched(module, opts: dict):
         box["wall_in"] = _perf_counter() - t0
     if tracker is not None:
         seen.extend(forbidden_ops(opts.get("forbid", []), tracker.ops))
-        if comm is not None:  # a collective reached as a c10d op (``torch.ops.c10d.allreduce_``), past every stand-in
+        if comm is not None:  # reached as c10d ops (``torch.ops.c10d.allreduce_``, ``.send``), past every stand-in
             comm.forbidden.extend(sorted({C10D_OPS[op] for op in tracker.ops if C10D_OPS.get(op) in comm.forbid}
                                          - set(comm.forbidden)))
+            comm.sent_bytes = max(comm.sent_bytes, tracker.c10d_sent_bytes)
     box.update(_figures(tracker, counter, seen, comm))
 
 
