@@ -106,6 +106,9 @@ TOY = textwrap.dedent('''
         KEPT.setdefault("memo", x + 1)
         return KEPT["memo"]
 
+    def huge():
+        return torch.ones(128 << 20)  # 512 MiB for a request of a few bytes
+
     def patch_tracker():
         import harness.alloc
         harness.alloc.AllocationTracker._record = lambda self, name, t: None
@@ -307,6 +310,15 @@ def test_a_patched_tracker_fails_the_next_measured_call(toy):
     with pytest.raises(AssertionError, match="replaced"):
         measure(impl.square, torch.ones(3))
     toy.kill()
+
+
+def test_a_reply_far_larger_than_its_request_is_refused_unread(impl, toy):
+    import resource
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # KiB
+    with pytest.raises(SandboxError, match="more than"):
+        impl.huge()
+    assert resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before < 100 << 10, "the reply was read"
+    assert impl.add(1) == 2  # a fresh worker answers the next call
 
 
 def test_import_failures_are_reported_once(tmp_path):
