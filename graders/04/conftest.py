@@ -5,6 +5,10 @@
 compares ``(out, lse)`` against ``harness.oracles.attention`` in float64 and,
 when they differ, names the likely bug class (top-left causal mask, missing or
 wrong scale, base-2 lse, NaN or non-zero fully masked rows) before the elements.
+``fa.kernel_call(...)`` runs a Part B call under ``harness.sandbox.measure`` and
+requires a real kernel: at least one Triton launch, no attention math in PyTorch.
+``fa.check_deterministic(...)`` compares two calls on equal inputs made in two
+processes (``harness.sandbox.restart`` between them), so no memo survives.
 """
 from __future__ import annotations
 
@@ -16,9 +20,15 @@ import pytest
 import torch
 
 from harness.oracles import attention, causal_mask
-from harness.testing import assert_close, randn, tolerance
+from harness.sandbox import measure, restart
+from harness.testing import assert_close, checked, randn, tolerance
 
 SDPA = "torch.nn.functional.scaled_dot_product_attention"
+# ATen ops (overload names, any in-place "_" dropped) of attention math: a Part B call runs
+# none of them outside its kernel (plain PyTorch shows up as bmm/mm/matmul, _softmax, exp)
+TORCH_ATTENTION_OPS = {"mm", "bmm", "addmm", "baddbmm", "addbmm", "mv", "addmv", "dot", "vdot", "matmul", "linear",
+                       "einsum", "_softmax", "softmax", "_log_softmax", "log_softmax", "_safe_softmax", "logsumexp",
+                       "exp", "exp2"}
 
 
 def case_id(B, H, Lq, Lk, D, causal, dtype="fp32", layout=None):
@@ -115,6 +125,58 @@ def check_forward(result, q, k, v, is_causal, scale, case, device, what="out"):
         assert_close(lse, ref_lse, atol=latol, rtol=lrtol, what="lse differs from float64 log-sum-exp", case=case)
 
 
+def kernel_call(fn, q, k, v, case, **kwargs):
+    """``fn(q, k, v, **kwargs)`` (a Part B function) under ``harness.sandbox.measure``; returns
+    its result after checking that the call made no call ``kwargs["forbid"]`` names, launched
+    at least one Triton kernel (the worker's launch counter, ``triton_launches``) and ran no
+    attention math in PyTorch (``TORCH_ATTENTION_OPS``, the ATen ops the call ran outside its
+    kernels)."""
+    res, t = measure(fn, q, k, v, alloc=False, ops=True, triton=True, **kwargs)
+    math_ops = sorted(op for op in t.ops if op.rstrip("_") in TORCH_ATTENTION_OPS or "scaled_dot_product" in op)
+    if t.forbidden_called:
+        raise AssertionError(f"called {t.forbidden_called} during the call ({case}): Part B computes attention in "
+                             f"its Triton kernel")
+    if not t.triton_launches:
+        raise AssertionError(f"no Triton kernel ran: the call launched {t.triton_launches or 0} Triton kernels "
+                             f"and ran the ATen ops {sorted(t.ops)[:12]} ({case}); Part B is one @triton.jit "
+                             f"kernel launched as kernel[grid](...), not PyTorch ops")
+    if math_ops:
+        raise AssertionError(f"attention computed outside the kernel: the call launched {t.triton_launches} Triton "
+                             f"kernel(s) but also ran {math_ops} in PyTorch ({case}); compute the scores, the "
+                             f"softmax and P @ V inside the kernel, and launch only it")
+    return res
+
+
+def check_deterministic(impl, call, qkv, other, oracle, case, first=None):
+    """Bitwise determinism across processes: ``call(q, k, v) -> (out, lse)`` (which looks the
+    function up on ``impl`` at each call) is run on ``other`` inputs and then on ``qkv`` (by
+    ``first`` if given, e.g. ``kernel_call``; checked by ``oracle``) in the current worker,
+    then, after ``restart(impl)``, on equal copies of ``qkv`` as the fresh worker's first
+    call. No memo, cache or call counter of the first process reaches the second, and their
+    call histories differ."""
+    call(*other)
+    a = checked((first or call)(*qkv), oracle, prop="determinism")
+    restart(impl)
+    b = call(*(t.clone() for t in qkv))
+    if not (isinstance(b, tuple) and len(b) == 2):
+        raise AssertionError(f"not deterministic: a second call on equal inputs returned {type(b).__name__}, "
+                             f"not (out, lse) ({case})")
+    for name, x, y in zip(("out", "lse"), a, b):
+        if not isinstance(y, torch.Tensor) or y.shape != x.shape or y.dtype != x.dtype:
+            got = f"{tuple(y.shape)} {y.dtype}" if isinstance(y, torch.Tensor) else type(y).__name__
+            raise AssertionError(f"not deterministic: {name} of a second call on equal inputs is {got}, the first "
+                                 f"was {tuple(x.shape)} {x.dtype} ({case})")
+        if not torch.equal(x, y):
+            differ = int((x != y).sum())
+            gap = (x.double() - y.double()).abs().nan_to_num(0.0).max().item()
+            raise AssertionError(
+                f"not deterministic: two calls on equal inputs gave different {name} ({differ} of {x.numel()} "
+                f"elements, max abs difference {gap:.3g}) ({case}); the second call was the first of a fresh "
+                f"process, the first came after another call: the result must depend on the inputs only (no "
+                f"random noise, no call counter, no atomic accumulation), and a memo of an earlier result does "
+                f"not survive a new process")
+
+
 def near_minus_1e6(gen, B, H, Lq, Lk, dtype=torch.float32, device="cpu"):
     """Inputs (D=16, scale 1/4) whose logits are -2**20 + t, t a multiple of 1/8 in about
     [-15, 15]: exact in float32, so only the algorithm (a finite sentinel, no max
@@ -182,6 +244,7 @@ def fa():
     """The shared lab 04 checks (see the module docstring)."""
     return SimpleNamespace(case_id=case_id, qkv=qkv, check_forward=check_forward, near_minus_1e6=near_minus_1e6,
                            check_near_minus_1e6=check_near_minus_1e6, check_raises=check_raises,
+                           kernel_call=kernel_call, check_deterministic=check_deterministic,
                            BAD_ARGS=BAD_ARGS, SDPA=SDPA, causal_mask=causal_mask, attention=attention)
 
 

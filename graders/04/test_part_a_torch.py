@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from harness.testing import DTYPES, checked, measure_checked
+from harness.testing import DTYPES, MiB, assert_memory, measure_checked
 from harness.bench import geomean
 from harness.sandbox import timed
 
@@ -88,30 +88,31 @@ def test_part_a_noncontiguous_inputs(impl, fa, gen, layouts):
 
 
 def test_part_a_deterministic(impl, fa, gen):
+    """Two calls on equal inputs, in two processes (see fa.check_deterministic), bitwise equal."""
     q, k, v = fa.qkv(gen, 1, 2, 40, 67, 64)
+    other = fa.qkv(gen, 1, 2, 40, 67, 64)
     cid = fa.case_id(1, 2, 40, 67, 64, True)
-    a = checked(impl.flash_attention_torch(q, k, v, is_causal=True),
-                lambda res: fa.check_forward(res, q, k, v, True, None, cid, "cpu"), prop="determinism")
-    b = impl.flash_attention_torch(q, k, v, is_causal=True)
-    for name, x, y in (("out", a[0], b[0]), ("lse", a[1], b[1])):
-        if not torch.equal(x, y):
-            raise AssertionError(f"two calls on the same inputs gave different {name} (not deterministic)")
+    fa.check_deterministic(impl, lambda *x: impl.flash_attention_torch(*x, is_causal=True), (q, k, v), other,
+                           lambda res: fa.check_forward(res, q, k, v, True, None, cid, "cpu"), cid)
 
 
 @pytest.mark.points(3)
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
 def test_part_a_allocates_no_score_matrix(impl, fa, gen, record_perf, causal):
-    # B*H*Lq*Lk = 2*2*250*333 = 333000 far above the bound max(B*H*64*64, numel q/k/v/out) = 21312
-    B, H, Lq, Lk, D = 2, 2, 250, 333, 16
-    q, k, v = fa.qkv(gen, B, H, Lq, Lk, D)
+    # the (Lq, Lk) scores are 32 MiB (their softmax as much again), far above what a tiled pass holds:
+    # its inputs and output (2 MiB) and one (B, H, block_q, block_k) tile; graded on the worker's
+    # resident memory read from outside (testing.assert_memory), the tracker's figure is a diagnostic
+    B, H, Lq, Lk, D = 1, 8, 1024, 1024, 16
     cid = fa.case_id(B, H, Lq, Lk, D, causal)
-    _, t = measure_checked(impl.flash_attention_torch, q, k, v, is_causal=causal, prop="the memory bound",
-                           oracle=lambda res: fa.check_forward(res, q, k, v, causal, None, cid, "cpu"))
-    bound = max(B * H * 64 * 64, q.numel(), k.numel(), v.numel())
-    if t.max_numel > bound:
-        raise AssertionError(f"allocated a tensor of {t.max_numel} elements ({t.largest}); the bound is "
-                             f"max(B*H*block_q*block_k, numel of q, k, v, out) = {bound}: keep one "
-                             f"(B, H, block_q, block_k) tile of scores, never (Lq, Lk) or a full key row ({cid})")
+    for _ in range(2):  # the first call (other inputs) warms torch up; the second is graded
+        q, k, v = fa.qkv(gen, B, H, Lq, Lk, D)
+        _, t = measure_checked(impl.flash_attention_torch, q, k, v, is_causal=causal, prop="the memory bound",
+                               oracle=lambda res: fa.check_forward(res, q, k, v, causal, None, cid, "cpu"))
+    io = 4 * 4 * q.numel()  # q, k, v and the output, float32
+    assert_memory(t, peak_bytes=2 * io + 24 * MiB, largest_numel=max(B * H * 64 * 64, q.numel()),
+                  what="the (Lq, Lk) score matrix (or a full key row) was materialised", case=cid,
+                  hint=f"The scores alone are {4 * B * H * Lq * Lk / MiB:.0f} MiB: keep one (B, H, block_q, block_k) "
+                       "tile of scores at a time, never (Lq, Lk) or a full key row")
     # informational, never graded: the largest allocation as a fraction of the score matrix
     record_perf("torch_peak_alloc_vs_scores", t.max_numel / (B * H * Lq * Lk), shape=cid, largest=t.largest)
 

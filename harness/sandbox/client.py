@@ -613,9 +613,11 @@ class Measurement:
     minus the resident memory of the worker's launcher, i.e. of the process before the
     submission was imported (so memory held since import counts too; None in-process);
     ``cpu_s``: the worker's CPU
-    seconds during the call from /proc (None in-process). Allocation, ops, FLOPs and
-    comm are counted next to the implementation, so a submission can blind them; wall,
-    RSS and CPU time are read from outside, where it cannot."""
+    seconds during the call from /proc (None in-process); ``triton_launches``: Triton
+    kernel launches during the call (``harness.sandbox.triton_launches``; None unless
+    asked). Allocation, ops, FLOPs, comm and launches are counted next to the
+    implementation, so a submission can blind them; wall, RSS and CPU time are read from
+    outside, where it cannot."""
 
     max_numel: int = 0
     max_bytes: int = 0
@@ -631,6 +633,7 @@ class Measurement:
     cpu_s: float | None = None
     peak_growth_bytes: int | None = None
     peak_over_start_bytes: int | None = None
+    triton_launches: int | None = None
 
 
 def _num(extra, key):
@@ -655,7 +658,8 @@ def measurement_from(extra: dict, outside: dict) -> Measurement:
                        peak_growth_bytes=None if peak is None or before is None else max(0, peak - before),
                        peak_over_start_bytes=None if peak is None or start is None else max(0, peak - start),
                        first_nonfinite=str(extra.get("nonfinite") or "")[:300],
-                       comm=_comm_report(comm) if comm is not None else None, cpu_s=outside.get("cpu_s"))
+                       comm=_comm_report(comm) if comm is not None else None, cpu_s=outside.get("cpu_s"),
+                       triton_launches=_num(extra, "triton_launches") if "triton_launches" in extra else None)
 
 
 def _comm_report(c) -> dict:
@@ -764,7 +768,7 @@ def run_probe(name: str, *, on=None, what: str = "", timeout: float | None = Non
 
 def measure(fn, *args, alloc: bool = True, ops: bool = True, flops: bool = False, forbid: Iterable[str] = (),
             no_grad: bool = False, nonfinite: bool = False, reason: str = "the contract forbids it",
-            timeout: float | None = None, **kwargs):
+            timeout: float | None = None, triton: bool = False, **kwargs):
     """Call ``fn(*args, **kwargs)`` next to the implementation and measure it.
 
     Returns ``(out, Measurement)``. ``alloc``/``ops``: an AllocationTracker around
@@ -774,12 +778,13 @@ def measure(fn, *args, alloc: bool = True, ops: bool = True, flops: bool = False
     module's globals (a call is also recorded in ``forbidden_called``, even if the
     implementation swallows the error); ``no_grad``: run under ``torch.no_grad()``;
     ``nonfinite``: record the first op whose floating output held NaN/Inf;
+    ``triton``: count the Triton kernel launches (``Measurement.triton_launches``);
     ``timeout``: seconds before the call is stopped (default: the lab's call limit).
     ``fn`` is an implementation function, class, method or handle (``impl.f``,
     ``obj.method``, ``obj``). The measurement's own keyword arguments cannot be
     passed through to ``fn``."""
     opts = {"alloc": alloc, "ops": ops, "flops": flops, "forbid": list(forbid), "no_grad": no_grad,
-            "reason": reason, "nonfinite": nonfinite}
+            "reason": reason, "nonfinite": nonfinite, "triton": triton}
     out, figures, outside = run_probe("measure", target=fn, args=list(args), kwargs=kwargs, opts=opts,
                                       what=f"measuring {getattr(fn, '_short', getattr(fn, '__name__', 'a call'))}",
                                       timeout=timeout)

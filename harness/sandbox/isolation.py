@@ -133,7 +133,7 @@ def scrubbed_env(home: str) -> dict:
 # Lab stubs import no harness module (``labs/*/*.py`` other than the visible tests).
 HARNESS_FILES = ("__init__.py", "alloc.py", "bench.py", "impl.py", "manifest.py",
                  "sandbox/__init__.py", "sandbox/client.py", "sandbox/isolation.py", "sandbox/probes.py",
-                 "sandbox/server.py", "sandbox/wire.py")
+                 "sandbox/server.py", "sandbox/triton_launches.py", "sandbox/wire.py")
 
 
 def stage_harness(workdir: str) -> str:

@@ -24,9 +24,12 @@ import ctypes.util
 import datetime
 import gc
 import importlib
+import os
 import time
 
 import torch
+
+from . import triton_launches
 
 # Bound before any submission is imported (a submission that rebinds the module's
 # attributes later does not change what the probes call).
@@ -44,6 +47,7 @@ def preload() -> None:
     neither their import time nor their memory lands in a submission's first measured
     call. Imports only: an op here could start torch's thread pools before the launcher
     forks its servers, and a forked child then hangs in its first parallel op."""
+    import torch._dynamo  # noqa: F401  (the tracker's first use imports it: seconds of CPU)
     import torch.utils.flop_counter  # noqa: F401
 
     import harness.alloc  # noqa: F401
@@ -346,8 +350,9 @@ def _recording(name: str, original):
 
 def install_guards() -> None:
     """Replace the dispatch-stack bindings of ``_BLINDING`` (in ``torch._C`` and wherever a
-    loaded torch module bound them by name) by recording stand-ins, and note the methods of
-    the tracker, the FLOP counter and the comm stand-ins that must stay in place. The server
+    loaded torch module bound them by name) and the ways to start a thread or a process
+    (whose work no mode of this thread sees) by recording stand-ins, and note the methods
+    of the tracker, the FLOP counter and the comm stand-ins that must stay in place. The server
     calls this before the submission is imported; idempotent."""
     if _IN_PLACE:
         return
@@ -368,6 +373,18 @@ def install_guards() -> None:
                 if value is original:
                     setattr(mod, attr, standin)
                     _IN_PLACE.append((mod, attr, standin))
+    import _thread
+    import threading
+    # the dispatch mode stack is per thread: a thread or a forked copy started by the call runs unmeasured
+    # (a subprocess is not guarded: Triton runs its compiler as one on the first launch of a kernel)
+    for owner, attr in ((_thread, "start_new_thread"), (threading, "_start_new_thread"),
+                        (_thread, "start_joinable_thread"), (threading, "_start_joinable_thread"),
+                        (os, "fork"), (os, "forkpty")):
+        original = getattr(owner, attr, None)
+        if original is not None:
+            standin = _recording(f"{owner.__name__}.{attr}", original)
+            setattr(owner, attr, standin)
+            _IN_PLACE.append((owner, attr, standin))
     for cls in (AllocationTracker, FlopCounterMode, TorchDispatchMode):
         for attr, value in list(vars(cls).items()):
             if callable(value) or isinstance(value, (classmethod, staticmethod)):
@@ -419,7 +436,7 @@ def _watched(module, opts: dict):
     from harness.alloc import AllocationTracker
     seen: list = []
     box: dict = {}
-    tracker = counter = comm = None
+    tracker = counter = comm = launches = None
     with contextlib.ExitStack() as stack:
         stack.enter_context(forbid(opts.get("forbid", []), module, opts.get("reason", "the contract forbids it"),
                                    seen))
@@ -427,6 +444,8 @@ def _watched(module, opts: dict):
             comm = stack.enter_context(CommCounter(forbid=opts.get("comm_forbid", ())))
         if opts.get("no_grad"):
             stack.enter_context(torch.no_grad())
+        if opts.get("triton") and triton_launches.install():  # in-process: installed on first use
+            launches = stack.enter_context(triton_launches.counting())
         if opts.get("flops"):
             from torch.utils.flop_counter import FlopCounterMode
             counter = stack.enter_context(FlopCounterMode(display=False))
@@ -443,6 +462,8 @@ def _watched(module, opts: dict):
                                          - set(comm.forbidden)))
             comm.sent_bytes = max(comm.sent_bytes, tracker.c10d_sent_bytes)
     box.update(_figures(tracker, counter, seen, comm))
+    if opts.get("triton"):
+        box["triton_launches"] = launches.launches if launches is not None else 0
 
 
 def _base_of(x):

@@ -32,7 +32,7 @@ import signal
 import sys
 import traceback
 
-from . import isolation, probes, wire
+from . import isolation, probes, triton_launches, wire
 
 
 class Server:
@@ -243,6 +243,7 @@ def main():
         os.environ["GLOO_SOCKET_IFNAME"] = "lo"  # ranks meet on the private loopback
         import torch  # noqa: F401  (before the submission: its import time is not the student's)
         probes.preload()  # the probes' own imports: neither the student's time nor their memory
+        triton_launches.install()  # before the submission decorates a kernel (a no-op without Triton)
         if int(header.get("servers", 1)) > 1 or header.get("ranks"):
             import importlib
             for name in ("torch.distributed", "torch._dynamo"):  # the optimizer imports dynamo: seconds per rank
