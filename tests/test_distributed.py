@@ -117,12 +117,18 @@ def test_results_in_rank_order_and_group_reused(toy):
     assert time.monotonic() - t0 < 5, "a second run reuses the ranks (only a new process group)"
 
 
-def test_counter_counts_p2p_and_records_forbidden_collectives(toy):
-    res = hd.run(lambda rk: body_call(rk, "ring_sum", torch.tensor([float(rk.rank)])), 3, impl=toy)
+def test_counter_counts_p2p_and_collectives(toy):
+    res = hd.run(lambda rk: rk.call(rk.impl.ring_sum, torch.tensor([float(rk.rank)])), 3, impl=toy)
     for r, c in enumerate(res):
         assert c.out.item() == float((r - 1) % 3)
         assert c.comm["sent_msgs"] == 1 and c.comm["sent_bytes"] == 4 and c.comm["recv_bytes"] == 4
-        assert c.comm["forbidden"] == ["all_reduce"]
+        assert c.comm["collectives"] == {"all_reduce": 1} and c.comm["forbidden"] == []
+    assert res.loopback_bytes is None or res.loopback_bytes >= 3 * 4  # the ranks' own network, read outside
+
+
+def test_a_forbidden_collective_fails_the_call_even_when_swallowed(toy):
+    with pytest.raises(hd.RankError, match="called all_reduce: the contract forbids collectives"):
+        hd.run(lambda rk: body_call(rk, "ring_sum", torch.tensor([float(rk.rank)])), 3, impl=toy)
 
 
 def test_nested_collectives_counted_once_and_saved_names_are_counted(toy):
@@ -131,10 +137,12 @@ def test_nested_collectives_counted_once_and_saved_names_are_counted(toy):
 
 
 def test_collectives_are_counted_however_they_are_reached(toy):
-    res = hd.run(lambda rk: rk.call(rk.impl.bypasses, torch.ones(3), forbid_collectives=hd.DATA_COLLECTIVES), 2,
-                 impl=toy)
-    assert res[0].out == ["saved_name refused", "saved_in_dict refused", "process_group refused"]
-    assert res[0].comm["forbidden"] == ["all_reduce"] * 3
+    res = hd.run(lambda rk: rk.call(rk.impl.bypasses, torch.ones(3)), 2, impl=toy)
+    assert res[0].out == ["saved_name ran", "saved_in_dict ran", "process_group ran"]
+    assert res[0].comm["collectives"] == {"all_reduce": 3}
+    with pytest.raises(hd.RankError, match="called all_reduce"):  # and forbidden however they are reached
+        hd.run(lambda rk: rk.call(rk.impl.bypasses, torch.ones(3), forbid_collectives=hd.DATA_COLLECTIVES), 2,
+               impl=toy)
 
 
 def test_in_place_calls_return_args_and_identity(toy):

@@ -190,7 +190,7 @@ class Worker:
         self.import_error: str | None = None
         self.generation = 0
         self.workdir: str | None = None
-        self.start_rss: int | None = None  # the launcher's resident bytes: a server's before the submission
+        self.start_held: int | None = None  # the launcher's anonymous + shared bytes: a server's at its fork
         self._log = None
         self._ctl: socket.socket | None = None
 
@@ -282,7 +282,7 @@ class Worker:
             c.pid = pid
         # the servers were forked from the launcher before importing the submission: what they
         # hold beyond its resident memory came after (the submission's import, its calls)
-        self.start_rss = _proc_status_bytes(launcher[0], "VmRSS") if launcher and servers else None
+        self.start_held = _held_bytes(launcher[0]) if launcher and servers else None
 
     @property
     def alive(self) -> bool:
@@ -609,9 +609,11 @@ class Measurement:
     the call measured by the grader; ``peak_rss_bytes``: the worker's peak resident
     memory during the call from /proc (None in-process); ``peak_growth_bytes``: that
     peak minus the worker's resident memory just before the request (so it counts the
-    request's decoded inputs too; None in-process); ``peak_over_start_bytes``: that peak
-    minus the resident memory of the worker's launcher, i.e. of the process before the
-    submission was imported (so memory held since import counts too; None in-process);
+    request's decoded inputs too; None in-process); ``peak_over_start_bytes``: that growth
+    plus the memory the process held before the request beyond what it held when it was
+    forked, before the submission was imported (anonymous and shared memory, RssAnon +
+    RssShmem of /proc; so a buffer made at import or kept since an earlier call counts;
+    None in-process);
     ``cpu_s``: the worker's CPU
     seconds during the call from /proc (None in-process); ``triton_launches``: Triton
     kernel launches during the call (``harness.sandbox.triton_launches``; None unless
@@ -644,7 +646,9 @@ def _num(extra, key):
 def measurement_from(extra: dict, outside: dict) -> Measurement:
     """A Measurement from a probe's figures (a worker's claims, checked for type) and the
     grader's own ``outside`` figures (see :func:`run_probe`)."""
-    peak, before, start = outside.get("peak_rss_bytes"), outside.get("rss_before_bytes"), outside.get("start_rss_bytes")
+    peak, before = outside.get("peak_rss_bytes"), outside.get("rss_before_bytes")
+    held, start = outside.get("held_before_bytes"), outside.get("start_held_bytes")
+    growth = None if peak is None or before is None else max(0, peak - before)
     flops = extra.get("flops")
     ops = extra.get("ops")
     forbidden = extra.get("forbidden")
@@ -655,8 +659,9 @@ def measurement_from(extra: dict, outside: dict) -> Measurement:
                        flops=int(flops) if isinstance(flops, (int, float)) and not isinstance(flops, bool) else None,
                        forbidden_called=[str(x)[:200] for x in forbidden][:20] if isinstance(forbidden, list) else [],
                        wall_s=outside["wall_s"], peak_rss_bytes=peak,
-                       peak_growth_bytes=None if peak is None or before is None else max(0, peak - before),
-                       peak_over_start_bytes=None if peak is None or start is None else max(0, peak - start),
+                       peak_growth_bytes=growth,
+                       peak_over_start_bytes=None if growth is None or held is None or start is None
+                       else max(0, held - start) + growth,
                        first_nonfinite=str(extra.get("nonfinite") or "")[:300],
                        comm=_comm_report(comm) if comm is not None else None, cpu_s=outside.get("cpu_s"),
                        triton_launches=_num(extra, "triton_launches") if "triton_launches" in extra else None)
@@ -699,6 +704,13 @@ def _proc_status_bytes(pid, key: str) -> int | None:
     return None
 
 
+def _held_bytes(pid) -> int | None:
+    """Anonymous plus shared resident bytes of ``pid`` (RssAnon + RssShmem): the memory it
+    made, without the pages of files it maps (libraries), which a fork does not copy."""
+    anon, shmem = _proc_status_bytes(pid, "RssAnon"), _proc_status_bytes(pid, "RssShmem")
+    return None if anon is None or shmem is None else anon + shmem
+
+
 def _rss_peak(pid) -> int | None:
     return _proc_status_bytes(pid, "VmHWM")
 
@@ -739,8 +751,8 @@ def run_probe(name: str, *, on=None, what: str = "", timeout: float | None = Non
     """Run probe ``name`` where its target lives (``on``, a handle, else the first handle
     among ``values``; in-process when there is none). Returns ``(value, figures,
     outside)``: ``outside`` holds the grader's own figures (``wall_s``, and for a
-    worker its ``peak_rss_bytes``, ``rss_before_bytes``, ``start_rss_bytes`` (the launcher's,
-    see ``Measurement``) and ``cpu_s``; None in-process)."""
+    worker its ``peak_rss_bytes``, ``rss_before_bytes``, ``held_before_bytes`` and
+    ``start_held_bytes`` (see ``Measurement``) and ``cpu_s``; None in-process)."""
     target = on if isinstance(on, RemoteObject) else _target_of(values)
     if target is None:
         module = next((inspect.getmodule(v) for v in values.values() if inspect.getmodule(v) is not None), None)
@@ -750,11 +762,12 @@ def run_probe(name: str, *, on=None, what: str = "", timeout: float | None = Non
         finally:
             wire.VIEW_BASES.clear()
         return value, figures, {"wall_s": time.perf_counter() - t0, "peak_rss_bytes": None,
-                                "rss_before_bytes": None, "start_rss_bytes": None, "cpu_s": None}
+                                "rss_before_bytes": None, "held_before_bytes": None, "start_held_bytes": None,
+                                "cpu_s": None}
     sb, server = target._sandbox, target._server
     w = sb.ensure()
     pid = w.pid_of_server(server)
-    before = _rss_reset(pid)
+    before, held = _rss_reset(pid), _held_bytes(pid)
     cpu0 = _cpu_seconds(pid)
     t0 = time.perf_counter()
     op = {"op": "probe", "name": name, "keys": list(values)}
@@ -763,7 +776,8 @@ def run_probe(name: str, *, on=None, what: str = "", timeout: float | None = Non
     wall = time.perf_counter() - t0
     cpu1 = _cpu_seconds(pid)
     return value, figures, {"wall_s": wall, "peak_rss_bytes": _rss_peak(pid) if before is not None else None,
-                            "rss_before_bytes": before, "start_rss_bytes": w.start_rss, "cpu_s": None if cpu0 is None or cpu1 is None else cpu1 - cpu0}
+                            "rss_before_bytes": before, "held_before_bytes": held, "start_held_bytes": w.start_held,
+                            "cpu_s": None if cpu0 is None or cpu1 is None else cpu1 - cpu0}
 
 
 def measure(fn, *args, alloc: bool = True, ops: bool = True, flops: bool = False, forbid: Iterable[str] = (),

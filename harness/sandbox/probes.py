@@ -335,16 +335,32 @@ class CommCounter:
 
 _BLINDING = ("_pop_torch_dispatch_stack", "_unset_dispatch_mode", "_DisableTorchDispatch", "_ExcludeDispatchKeyGuard",
              "ExcludeDispatchKeyGuard", "_SetExcludeDispatchKeyGuard", "_dispatch_tls_set_dispatch_key_excluded")
-_GUARD = {"depth": 0, "calls": []}  # depth > 0: a submission's measured call is running
+_GUARD = {"depth": 0, "calls": [], "pushed": 0}  # depth > 0: a measured call runs; pushed: modes it pushed
 _IN_PLACE: list = []  # (owner, attribute, object): what must still be there when a measured call ends
 
 
 def _recording(name: str, original):
+    # a mode may push itself again and pop (FlopCounterMode decomposes ops inside ``with self``):
+    # a pop that balances a push made during the call is not recorded, any other pop is
+    pop = name.endswith("_pop_torch_dispatch_stack")
+
     def standin(*a, **k):
-        if _GUARD["depth"] and len(_GUARD["calls"]) < 10:
-            _GUARD["calls"].append(name)
+        if _GUARD["depth"]:
+            if pop and _GUARD["pushed"] > 0:
+                _GUARD["pushed"] -= 1
+            elif len(_GUARD["calls"]) < 10:
+                _GUARD["calls"].append(name)
         return original(*a, **k)
     standin.__name__ = getattr(original, "__name__", name)
+    return standin
+
+
+def _pushing(original):
+    def standin(*a, **k):
+        if _GUARD["depth"]:
+            _GUARD["pushed"] += 1
+        return original(*a, **k)
+    standin.__name__ = getattr(original, "__name__", "push")
     return standin
 
 
@@ -363,11 +379,12 @@ def install_guards() -> None:
 
     from harness.alloc import AllocationTracker
     torch_modules = [m for n, m in list(sys.modules.items()) if n == "torch" or n.startswith("torch.")]
-    for name in _BLINDING:
+    for name in _BLINDING + ("_push_on_torch_dispatch_stack",):
         original = getattr(torch._C, name, None)
         if original is None:
             continue
-        standin = _recording(f"torch._C.{name}", original)
+        standin = _pushing(original) if name == "_push_on_torch_dispatch_stack" else \
+            _recording(f"torch._C.{name}", original)
         for mod in [torch._C] + torch_modules:
             for attr, value in list(getattr(mod, "__dict__", {}).items()):
                 if value is original:
@@ -404,7 +421,7 @@ def guarded():
     install_guards()
     _GUARD["depth"] += 1
     if _GUARD["depth"] == 1:
-        _GUARD["calls"] = []
+        _GUARD["calls"], _GUARD["pushed"] = [], 0
     try:
         yield
     finally:
