@@ -16,6 +16,8 @@ COURSE = course()
 LABS = sorted(n for n in COURSE.labs if (ROOT / "graders" / n).is_dir())
 MUTANTS = [pytest.param(n, p, id=f"{n}-{p.stem}")
            for n in LABS for p in sorted((ROOT / "tests" / "mutants" / n).glob("*.py"))]
+VARIANTS = [pytest.param(n, p, id=f"{n}-{p.stem}")
+            for n in LABS for p in sorted((ROOT / "tests" / "variants" / n).glob("*.py"))]
 
 
 def pytest_run(*args, timeout=1800):
@@ -52,6 +54,35 @@ def test_mutant_fails_a_grader_test(number, mutant, tmp_path):
     impl = materialize_mutant(mutant, COURSE.lab(number), tmp_path)
     p = pytest_run(f"graders/{number}", "--impl", str(impl), "-x", "-q", "-p", "no:randomly")
     assert p.returncode == 1, f"mutant {mutant.name} survived the graders (exit {p.returncode}):\n{p.stdout[-2000:]}"
+
+
+def _assigned(path, name, default):
+    for node in ast.parse(path.read_text()).body:
+        if isinstance(node, ast.Assign) and [getattr(t, "id", None) for t in node.targets] == [name]:
+            return ast.literal_eval(node.value)
+    return default
+
+
+@pytest.mark.parametrize("number, variant", VARIANTS)
+def test_variant_loses_points_only_where_it_differs(number, variant, tmp_path):
+    """A variant (tests/variants/NN) is correct code written another way, or code that
+    leaves one part undone: ``MAY_FAIL`` names what it may fail (``"part B"`` or a test
+    function's name); every other runnable grader test must pass. ``BUG = True`` marks a
+    real bug graded in one place: it must fail at least one test, all of them in
+    ``MAY_FAIL``. ``SELECT`` (a pytest ``-k`` expression) limits the run to the tests at
+    stake, to keep CI short."""
+    doc = ast.get_docstring(ast.parse(variant.read_text()))
+    assert doc, f"{variant.name}: say what is unusual about it in a docstring"
+    may_fail = _assigned(variant, "MAY_FAIL", [])
+    impl = materialize_mutant(variant, COURSE.lab(number), tmp_path)
+    result = grading.grade(impl, COURSE.lab(number), COURSE, select=_assigned(variant, "SELECT", None))
+    ran = [t for t in result.tests if t.runnable and t.outcome != "not run"]
+    assert ran, f"{variant.name}: no grader test ran"
+    unfair = [f"{t.name}: {t.output[:400]}" for t in ran if t.outcome != "passed"
+              and f"part {t.part}" not in may_fail and t.name.split("[")[0] not in may_fail]
+    assert not unfair, f"{variant.name} loses points on tests it does not break:\n" + "\n".join(unfair)
+    if _assigned(variant, "BUG", False):
+        assert any(t.outcome != "passed" for t in ran), f"{variant.name}: the bug fails no grader test"
 
 
 @pytest.mark.parametrize("number", LABS)
