@@ -450,7 +450,8 @@ def _grade_one(sub: Submission, lab: Lab, course: Course, *, timeout_s, sandbox,
         result.submission = str(sub.path)
     status = status_of(result)
     res = result.to_gradescope()
-    res["extra_data"].update(student=sub.student, status=status, fingerprint=fp, submission=str(sub.path))
+    res["extra_data"].update(student=sub.student, status=status, fingerprint=fp, submission=str(sub.path),
+                             seed=result.seed)  # staff output: replay a disputed grade with --seed
     if status != "ok":
         res["output"] = "\n".join(x for x in (status, res["output"]) if x)
     return Row(sub.student, status, res, time.monotonic() - t0, kind=kind_of(result, status))

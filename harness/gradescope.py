@@ -8,6 +8,8 @@ The zip (Gradescope unpacks it into ``/autograder/source``) holds::
                       staging folder, runs `labs grade STAGED --lab NN --json ...`,
                       then `labs gradescope finalize` writes results.json
     labs.yaml, pyproject.toml, harness/, graders/NN/, labs/NN/<stub>, docker/*.txt|lock
+    .labs-staff/course-secret   the course's grading secret (``grading.course_secret``):
+                      a regrade of the same file gets the same hidden inputs
 
 never ``solutions/`` or other labs' graders. ``finalize`` turns ``labs grade``'s
 Gradescope JSON into the one Gradescope reads: every hidden grader test gets
@@ -159,6 +161,10 @@ def build_zip(course: Course, lab: Lab, out: Path, visibility: str = "after_publ
         for name, path in _payload(course, lab).items():
             zf.write(path, name)
             names.append(name)
+        secret = grading.course_secret(course)  # regrades on Gradescope get the same hidden inputs
+        if secret is not None:
+            zf.writestr(grading.SECRET_FILE, secret + b"\n")
+            names.append(grading.SECRET_FILE)
     os.replace(tmp, out)
     return names
 

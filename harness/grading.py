@@ -5,7 +5,8 @@ The pipeline is an ordered list of small steps (nbgrader's converters style):
 1. ``stage``   copy only ``NN/<module>.py`` from the submission into a fresh
                trusted tree; everything else is listed as ignored;
 2. ``run``     run ``pytest graders/NN --impl <staged>`` in a separate process
-               with a secret run seed, a wall-clock limit and a per-test limit;
+               with a secret seed (``grading_seed``: the course secret and the
+               submission's bytes), a wall-clock limit and a per-test limit;
                the results plugin rewrites its JSON after every test, so a
                crash or timeout keeps what was graded;
 3. ``score``   turn outcomes into points: a part's points are shared by its
@@ -25,6 +26,8 @@ a student's 0.
 from __future__ import annotations
 
 import errno
+import hashlib
+import hmac
 import json
 import os
 import secrets
@@ -110,7 +113,7 @@ class GradeResult:
                 "output": "\n".join(self.notes), "visibility": visibility, "stdout_visibility": "hidden",
                 "tests": tests, "leaderboard": leaderboard,
                 "extra_data": {"lab": self.lab, "max_score": self.max_score,
-                               "max_score_runnable": self.max_score_runnable, "seed": self.seed,
+                               "max_score_runnable": self.max_score_runnable,
                                "bonus_score": round(sum(t.score for t in self.tests if t.bonus), 4),
                                "ignored_files": self.ignored}}
 
@@ -118,6 +121,57 @@ class GradeResult:
         d = asdict(self)
         d.update(score=self.score, max_score=self.max_score, max_score_runnable=self.max_score_runnable)
         return d
+
+
+# --- the grading seed ------------------------------------------------------
+
+SECRET_ENV = "LABS_COURSE_SECRET"
+SECRET_FILE = ".labs-staff/course-secret"  # under the course root; git-ignored, never released
+
+
+def course_secret(course: Course) -> bytes | None:
+    """The course's grading secret: ``$LABS_COURSE_SECRET`` when set, else the file
+    ``SECRET_FILE`` under the course root, created on first use (32 random bytes, hex,
+    mode 0600, written atomically so concurrent graders agree). ``None`` when the file
+    cannot be written (a read-only course): each run then draws a fresh seed."""
+    env = os.environ.get(SECRET_ENV, "")
+    if env:
+        return env.encode()
+    path = course.root / SECRET_FILE
+    try:
+        return path.read_bytes().strip() or None
+    except FileNotFoundError:
+        pass
+    except OSError:
+        return None
+    try:
+        path.parent.mkdir(mode=0o700, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".secret-")
+        with os.fdopen(fd, "w") as f:
+            f.write(secrets.token_hex(32) + "\n")
+        try:
+            os.link(tmp, path)  # fails when another grader created it first: theirs wins
+        except FileExistsError:
+            pass
+        finally:
+            os.unlink(tmp)
+        return path.read_bytes().strip() or None
+    except OSError:
+        return None
+
+
+def grading_seed(secret: bytes | None, lab: Lab, module: bytes) -> int:
+    """The 32-bit seed of a graded run: HMAC-SHA256 (RFC 2104) keyed by the course
+    ``secret`` over the lab number and the submission's module bytes. The same
+    submission always gets the same hidden inputs (a regrade changes a score only when
+    the submission or the graders changed); any changed byte gets fresh inputs, and
+    without the secret nobody can compute them in advance, so a first submission that
+    carries its inputs out through feedback does not help a second. ``secret=None``:
+    a fresh random seed."""
+    if secret is None:
+        return secrets.randbits(32)
+    mac = hmac.new(secret, lab.number.encode() + b"\0" + module, hashlib.sha256).digest()
+    return int.from_bytes(mac[:4], "big")
 
 
 # --- step 1: stage ---------------------------------------------------------
@@ -307,18 +361,21 @@ def grade(submission: Path | str, lab: Lab, course: Course, *, seed: int | None 
     course's grading image; see ``run``); ``select``: only the grader tests a pytest
     ``-k`` expression keeps (see ``run``).
 
-    ``seed`` defaults to a fresh secret per run (kept in the result so staff can
-    replay a disputed grade). Raises GradingError when grading cannot run
+    ``seed`` defaults to ``grading_seed`` of the course secret and the staged module
+    (kept in the result and printed by ``labs grade`` so staff can replay a disputed
+    grade; never in Gradescope's results.json). Raises GradingError when grading cannot run
     (InfraFailure when the infrastructure failed: see ``infra_failure``),
     FileNotFoundError when ``submission`` does not exist."""
     submission = Path(submission).resolve()
     if not submission.is_dir():
         raise FileNotFoundError(f"submission {submission} is not a directory")
-    seed = secrets.randbits(32) if seed is None else seed
     t0 = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="labs-grade-") as tmp:
         work = Path(tmp)
         impl_root, notes, ignored = stage(submission, lab, work)
+        if seed is None:
+            staged = impl_root / lab.number / lab.filename
+            seed = grading_seed(course_secret(course), lab, staged.read_bytes() if staged.is_file() else b"")
         raw, note = run(course, lab, impl_root, work / "results.json", seed, timeout_s, sandbox, select)
     reason = infra_failure(raw, note)
     if reason:

@@ -7,7 +7,7 @@ for staff only:
 * ``solutions/`` and ``graders/`` (references and hidden graders),
 * ``tests/`` (the framework's own tests, its mutants and exploits: they read
   the solutions and graders), ``scripts/demo.py`` (grades the references) and
-  ``.ci/``,
+  ``.ci/``, ``.labs-staff/`` (the course's grading secret),
 * anything matched by ``--exclude`` (fnmatch on the posix path).
 
 ``pyproject.toml``'s pytest ``testpaths`` then points at ``labs`` (``tests``
@@ -29,7 +29,8 @@ import click
 
 from .manifest import Course
 
-STAFF_ONLY = ["solutions/*", "graders/*", "tests/*", "scripts/demo.py", ".ci/*", ".github/*"]
+STAFF_ONLY = ["solutions/*", "graders/*", "tests/*", "scripts/demo.py", ".ci/*", ".github/*",
+              ".labs-staff/*"]  # the course secret (harness.grading.course_secret)
 NEVER = {".venv", "venv", "__pycache__", ".pytest_cache", ".git", ".mypy_cache", ".ruff_cache",
          "node_modules", ".ipynb_checkpoints"}
 

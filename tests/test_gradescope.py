@@ -83,6 +83,9 @@ def test_zip_holds_scripts_harness_and_this_labs_graders_only(toy_course, tmp_pa
         names = set(zf.namelist())
         modes = {i.filename: i.external_attr >> 16 for i in zf.infolist()}
         setup = zf.read("setup.sh").decode()
+        secret = zf.read(".labs-staff/course-secret")
+    # the course's grading secret travels, so a Gradescope regrade gets the same hidden inputs
+    assert secret == (toy_course / ".labs-staff/course-secret").read_bytes()
     assert {"setup.sh", "run_autograder", "labs.yaml", "graders/07/test_toy.py", "labs/07/toy.py",
             "harness/grading.py", "harness/plugin.py", "pyproject.toml"} <= names
     assert not any(n.startswith(("solutions/", "graders/08", "tests/")) for n in names)

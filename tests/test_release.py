@@ -96,6 +96,8 @@ def test_released_repo_builds_as_a_package(released, tmp_path):
 
 def test_released_toy_lab_runs_its_visible_tests_on_the_stub(toy_course, tmp_path):
     out = tmp_path / "student"
+    (toy_course / ".labs-staff").mkdir()
+    (toy_course / ".labs-staff/course-secret").write_text("staff only\n")  # outside git: a walk
     p = labs(toy_course, "release", str(out))
     assert p.returncode == 0, p.stderr
     assert sorted(p.relative_to(out).as_posix() for p in out.rglob("*") if p.is_file()) == [
