@@ -15,6 +15,7 @@ from pathlib import Path
 
 import click
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from . import grading, manifest, progress
@@ -190,14 +191,20 @@ def image_build(ctx, gpu, base_image, tag):
 
 
 def _print_result(result: grading.GradeResult, lab) -> None:
+    """The grade table; readable in an 80-column terminal: long test names fold (never
+    cut), a parametrized test's case id goes on its own line, messages wrap."""
     table = Table(title=f"Lab {lab.number} — {lab.title}: {result.submission}")
-    for col, kw in (("Part", {}), ("Test", {}), ("Result", {}), ("Points", {"justify": "right"}), ("Message", {})):
-        table.add_column(col, **kw)
+    table.add_column("Part", no_wrap=True)
+    table.add_column("Test", overflow="fold", min_width=16, ratio=3)
+    table.add_column("Result", no_wrap=True)
+    table.add_column("Points", justify="right", no_wrap=True)
+    table.add_column("Message", overflow="fold", ratio=4)
     style = {"passed": "green", "failed": "red", "error": "red", "skipped": "yellow", "not run": "red"}
     for t in result.tests:
         msg = t.output.splitlines()[0][:110] if t.output else ""
-        table.add_row(t.part, t.name, f"[{style.get(t.outcome, '')}]{t.outcome}[/]",
-                      f"{t.score:.2f}/{t.max_score:.2f}", msg)
+        base, bracket, case = t.name.partition("[")
+        table.add_row(t.part, escape(base + (f"\n[{case}" if bracket else "")),
+                      f"[{style.get(t.outcome, '')}]{t.outcome}[/]", f"{t.score:.2f}/{t.max_score:.2f}", escape(msg))
     console = _console()
     console.print(table)
     console.print(f"score {result.score:g} / {result.max_score:g} "

@@ -5,6 +5,8 @@ import sys
 
 import pytest
 
+from tests.conftest import course
+
 
 def labs(cwd, *args):
     return subprocess.run([sys.executable, "-m", "harness", *args], cwd=cwd, capture_output=True,
@@ -101,3 +103,19 @@ def test_timeout_keeps_finished_tests_and_marks_the_rest_not_run(toy_course, tmp
     hang = next(t for t in r["tests"] if "test_hangs" in t["name"])
     assert hang["score"] == 0 and "exceeded its 20 s limit" in hang["output"]
     assert r["score"] > 0  # tests graded before the hang keep their points
+
+
+def test_grade_table_keeps_names_and_case_ids_whole_in_80_columns(monkeypatch, capsys):
+    from harness import cli
+    from harness.grading import GradeResult, TestResult
+    monkeypatch.setenv("COLUMNS", "80")
+    name = "test_output_matches_flash_attention_reference[causal-fp16-B2-H4-L127-D64]"
+    tests = [TestResult(name=name, nodeid=name, part="B", max_score=1.0, score=0.0, outcome="failed",
+                        output="AssertionError: a [red]student message[/red] is shown as written")]
+    cli._print_result(GradeResult(lab="07", submission="sub", seed=1, tests=tests, duration_s=1.0),
+                      course().lab("04"))
+    out = capsys.readouterr().out
+    assert max(len(line) for line in out.splitlines()) <= 80
+    cells = "".join(line.split("│")[2].strip() for line in out.splitlines() if line.count("│") > 2)
+    assert name in cells, f"the test name is cut in an 80-column table:\n{out}"
+    assert "[red]student" in out  # student text is not rich markup
