@@ -234,16 +234,11 @@ def loopback_tx_bytes(pid: int | None) -> int | None:
     """Bytes sent on ``lo`` in the network namespace of ``pid`` (/proc/<pid>/net/dev), or
     None where unreadable. These are IP packet bytes: TCP/IP headers and ACKs add about
     0.2% to the payload on loopback (64 KiB segments), which a bound's slack covers."""
-    if not pid:
-        return None
+    fields = _sb.client.proc_fields(pid, "net/dev", "lo")
     try:
-        for line in Path(f"/proc/{pid}/net/dev").read_text().splitlines():
-            name, _, rest = line.partition(":")
-            if name.strip() == "lo":
-                return int(rest.split()[8])
-    except (OSError, ValueError, IndexError):
+        return int(fields[8]) if fields else None
+    except (ValueError, IndexError):
         return None
-    return None
 
 
 def run(body: Callable, world_size: int, *args, impl, timeout: float = 30.0, device: str = "cpu",

@@ -691,17 +691,28 @@ def _rss_reset(pid) -> int | None:
     return _proc_status_bytes(pid, "VmHWM")
 
 
-def _proc_status_bytes(pid, key: str) -> int | None:
-    """``key`` (VmHWM, VmRSS, ...) of /proc/<pid>/status in bytes, None if unreadable."""
+def proc_fields(pid, name: str, key: str) -> list[str] | None:
+    """The fields after ``key:`` on its line of /proc/<pid>/<name> (``status``,
+    ``net/dev``), or None where the process or the line cannot be read."""
     if not pid:
         return None
     try:
-        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-            if line.startswith(key + ":"):
-                return int(line.split()[1]) * 1024
-    except (OSError, ValueError, IndexError):
+        for line in Path(f"/proc/{pid}/{name}").read_text().splitlines():
+            head, sep, rest = line.partition(":")
+            if sep and head.strip() == key:
+                return rest.split()
+    except OSError:
         return None
     return None
+
+
+def _proc_status_bytes(pid, key: str) -> int | None:
+    """``key`` (VmHWM, VmRSS, ...) of /proc/<pid>/status in bytes, None if unreadable."""
+    fields = proc_fields(pid, "status", key)
+    try:
+        return int(fields[0]) * 1024 if fields else None
+    except ValueError:
+        return None
 
 
 def _held_bytes(pid) -> int | None:
@@ -925,26 +936,31 @@ def source(impl) -> str:
     return inspect.getsource(impl)
 
 
-def held_storages(obj) -> dict:
+def held_storages(obj, *, deep: bool = False) -> dict:
     """``{data_ptr: nbytes}`` of the distinct storages behind the tensors ``obj``'s
-    attributes hold (also in lists, tuples, dicts). Pointers are the worker's."""
-    return run_probe("storages", target=obj)[0]
+    attributes hold (also in lists, tuples, dicts); ``deep``: behind every tensor reachable
+    from ``obj`` (helper objects, containers, module buffers, at any depth). Pointers are the
+    worker's."""
+    return run_probe("storages", target=obj, deep=deep)[0]
 
 
-def held_bytes(obj) -> list:
-    """Copies (uint8) of every byte of every storage behind ``obj``'s tensors."""
-    return run_probe("raw_bytes", target=obj)[0]
+def held_bytes(obj, *, deep: bool = False) -> list:
+    """Copies (uint8) of every byte of every storage behind ``obj``'s tensors (``deep``: as
+    in :func:`held_storages`)."""
+    return run_probe("raw_bytes", target=obj, deep=deep)[0]
 
 
-def fill_held_nan(obj) -> None:
-    """Fill every floating tensor ``obj``'s attributes hold with NaN, in place."""
-    run_probe("fill_nan", target=obj)
+def fill_held_nan(obj, *, deep: bool = False) -> int:
+    """Fill every floating tensor ``obj``'s attributes hold (``deep``: as in
+    :func:`held_storages`) with NaN, in place; returns how many were filled."""
+    return run_probe("fill_nan", target=obj, deep=deep)[0]
 
 
-def call_views(owner, fn, *args, **kwargs) -> tuple:
+def call_views(owner, fn, *args, deep: bool = False, **kwargs) -> tuple:
     """``(fn(*args, **kwargs), flags)``: one bool per output tensor, True when it is a
-    view of a storage ``owner`` holds (checked next to the implementation)."""
-    return run_probe("call_views", target=owner, fn=fn, args=list(args), kwargs=kwargs)[0]
+    view of a storage ``owner`` holds (checked next to the implementation; ``deep``: as in
+    :func:`held_storages`)."""
+    return run_probe("call_views", target=owner, fn=fn, args=list(args), kwargs=kwargs, deep=deep)[0]
 
 
 def reachable_bytes(obj, exclude=()) -> dict:
@@ -984,16 +1000,17 @@ def resident_bytes(obj) -> int | None:
 
 
 @contextlib.contextmanager
-def watch_storages(impl, cls_name: str, method: str):
+def watch_storages(impl, cls_name: str, method: str, *, deep: bool = False):
     """While active, every ``impl.<cls_name>`` created (by the grader or inside the
-    implementation) is checked after each ``method`` call: the storages it holds must
-    be those it allocated in ``__init__``. Yields a dict filled on exit:
-    ``created`` (instances made), ``violations`` (calls after which storage changed)."""
+    implementation) is checked after each ``method`` call: the storages it holds (``deep``:
+    as in :func:`held_storages`) must be those it allocated in ``__init__``. Yields a dict
+    filled on exit: ``created`` (instances made), ``bare`` (those holding no storage after
+    ``__init__``: nothing to check), ``violations`` (calls after which storage changed)."""
     report: dict = {}
     if isinstance(impl, RemoteObject):
-        run_probe("watch_begin", target=impl, cls_name=cls_name, method=method)
+        run_probe("watch_begin", target=impl, cls_name=cls_name, method=method, deep=deep)
     else:
-        probes.probe_watch_begin(impl, impl, cls_name, method)
+        probes.probe_watch_begin(impl, impl, cls_name, method, deep)
     try:
         yield report
     finally:
