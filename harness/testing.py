@@ -137,6 +137,23 @@ def checked(value, oracle, *, atol: float = 0.0, rtol: float = 0.0, what: str = 
     return value
 
 
+def expect_raises(exc, case: str, fn, /, *args, **kwargs) -> BaseException:
+    """``fn(*args, **kwargs)`` must raise ``exc`` (a class or a tuple); returns the exception.
+    Otherwise AssertionError naming ``case`` (what was called and why the contract refuses it)
+    and the error expected: "nothing was raised", or the other exception. The harness's own
+    errors (a crashed worker) pass through."""
+    names = " or ".join(e.__name__ for e in (exc if isinstance(exc, tuple) else (exc,)))
+    try:
+        fn(*args, **kwargs)
+    except exc as e:
+        return e
+    except Exception as e:
+        if type(e).__module__.startswith("harness."):
+            raise
+        raise AssertionError(f"{case}: expected {names}, got {type(e).__name__}: {str(e)[:300]}") from None
+    raise AssertionError(f"{case}: expected {names}, nothing was raised")
+
+
 def measure_checked(fn, *args, oracle, atol: float = 0.0, rtol: float = 0.0, what: str = "output",
                     case: str = "", prop: str = "the measured property", **kwargs):
     """``harness.sandbox.measure(fn, *args, **kwargs)`` whose output is :func:`checked`

@@ -16,9 +16,8 @@ from types import SimpleNamespace
 import pytest
 import torch
 from harness.sandbox import (SandboxError, call_views, fill_held_nan, held_bytes, held_storages, is_remote, measure,
-                             watch_storages)
-from harness.testing import assert_close, checked, devices
-from harness.sandbox import timed
+                             timed, watch_storages)
+from harness.testing import DTYPES, assert_close, checked, devices, expect_raises
 
 # Tiny decoder: head_dim 8, GQA group 3, vocab off any power of two.
 CFG = dict(vocab_size=101, d_model=48, n_layers=2, n_heads=6, n_kv_heads=2, max_seq_len=300, ffn_hidden=80)
@@ -28,15 +27,15 @@ TIE = 1e-5          # greedy: a token within TIE of the oracle's best logit coun
 
 # --- helpers ---------------------------------------------------------------------------
 
-def make_model(impl, gen, device="cpu", **over):
+def make_model(impl, gen, device="cpu", dtype=torch.float32, **over):
     """The impl's Transformer with weights from ``gen``: linear/embedding rows ~ N(0, 1/fan_in)
-    (logits ~ N(0, 1)), norm weights 1 + N(0, 0.1^2)."""
+    (logits ~ N(0, 1)), norm weights 1 + N(0, 0.1^2); parameters and buffers in ``dtype``."""
     cfg = impl.ModelConfig(**{**CFG, **over})
     model = impl.Transformer(cfg)
     model.load_state_dict({  # parameters only: the RoPE tables are not persistent buffers
         name: torch.randn(p.shape, generator=gen) / math.sqrt(p.shape[1]) if p.dim() == 2
         else 1 + 0.1 * torch.randn(p.shape, generator=gen) for name, p in model.state_dict().items()})
-    return model.eval().to(device)
+    return model.eval().to(device=device, dtype=dtype)
 
 
 def prompt(gen, B, L, V=CFG["vocab_size"], device="cpu"):
@@ -110,18 +109,40 @@ def matches(actual, expected, atol=1e-4):
     return actual.shape == expected.shape and torch.allclose(actual.double().cpu(), expected, atol=atol, rtol=atol)
 
 
-def storages(obj):
-    """{data_ptr: nbytes} of the distinct storages behind ``obj``'s tensors (next to the implementation)."""
-    return held_storages(obj)
+# The cache's storage is every tensor reachable from it (its attributes, lists/tuples/dicts,
+# helper objects, nn.Module buffers, at any depth), found next to the implementation. A cache
+# whose storage cannot be found fails loudly: the checks below would pass on nothing.
+NO_STORAGE = ("found no tensor storage in the {what} (searched its attributes, lists, tuples, dicts, helper "
+              "objects and module buffers at any depth): it must hold its preallocated K/V tensors from "
+              "__init__ on; the storage, overflow and NaN checks read them")
 
 
-def raw_bytes(obj):
-    """Copies of every byte of every storage behind ``obj``'s tensors."""
-    return held_bytes(obj)
+def storages(obj, what="KVCache"):
+    """{data_ptr: nbytes} of the distinct storages behind every tensor ``obj`` holds."""
+    found = held_storages(obj, deep=True)
+    assert found, NO_STORAGE.format(what=what)
+    return found
 
 
-def fill_nan(obj):
-    fill_held_nan(obj)
+def raw_bytes(obj, what="KVCache"):
+    """Copies of every byte of every storage behind the tensors ``obj`` holds."""
+    found = held_bytes(obj, deep=True)
+    assert found, NO_STORAGE.format(what=what)
+    return found
+
+
+def fill_nan(obj, what="KVCache"):
+    """Every floating tensor ``obj`` holds filled with NaN, in place."""
+    assert fill_held_nan(obj, deep=True), NO_STORAGE.format(what=what)
+
+
+def assert_unchanged(before, after, bug, case):
+    """The storage bytes ``after`` a refused call equal those ``before`` (lists from raw_bytes)."""
+    changed = [f"storage {i}: {int((a != b).sum())} of {a.numel()} bytes changed"
+               for i, (a, b) in enumerate(zip(before, after)) if not torch.equal(a, b)]
+    if len(before) != len(after):
+        changed.append(f"{len(before)} storage(s) before, {len(after)} after")
+    assert not changed, f"{bug} ({case}): " + "; ".join(changed[:3])
 
 
 def new_cache(impl, n_layers=2, B=2, S=20, Hkv=2, D=8, dtype=torch.float32, device="cpu"):
@@ -143,10 +164,17 @@ class Appender:
         self.stored[layer].append((k, v))
         out = self.cache.update(layer, k, v)
         want = tuple(torch.cat([kv[i] for kv in self.stored[layer]], dim=2) for i in (0, 1))
-        case = f"layer {layer}, after appending T={[kv[0].shape[2] for kv in self.stored[layer]]}"
-        checked(tuple(out) if isinstance(out, (tuple, list)) else out, want, atol=0, rtol=0, case=case,
-                what=("update's k_all is not the stored prefix", "update's v_all is not the stored prefix"),
-                prop=self.prop)
+        n, n_layers = want[0].shape[2], len(self.stored)
+        case = f"layer {layer} of {n_layers}, after appending T={[kv[0].shape[2] for kv in self.stored[layer]]}"
+        seq_len, stored = self.cache.seq_len, sum(kv[0].shape[2] for kv in self.stored[-1])
+        assert seq_len == stored, (f"seq_len advanced at the wrong time: {case}, seq_len is {seq_len}, expected "
+                                   f"{stored} (it advances when layer n_layers-1 is updated)")
+        # the stored prefix is graded here; positions returned past it (the whole buffer) are graded
+        # by test_update_returns_views_of_the_stored_prefix and the NaN test alone
+        got = tuple(t[:, :, :n] if isinstance(t, torch.Tensor) and t.dim() == 4 else t for t in out) \
+            if isinstance(out, (tuple, list)) else out
+        checked(got, want, atol=0, rtol=0, case=case, prop=self.prop,
+                what=("update's k_all is not the stored prefix", "update's v_all is not the stored prefix"))
         return out
 
     def step(self, T):
@@ -155,33 +183,93 @@ class Appender:
             self.layer(layer, T)
 
 
-def assert_greedy(model, out, L, case, prop=None):
+def assert_greedy(model, out, L, case, prop=None, tie=TIE):
     """``out (B, L + N)`` continues its prompt greedily under the float64 oracle (a token within
-    TIE of the best logit counts as the argmax)."""
-    ref = ref_logits(model, out)
-    for t in range(L, out.shape[1]):
-        best = ref[:, t - 1].max(-1).values
-        chosen = ref[:, t - 1].gather(-1, out[:, t:t + 1].cpu()).squeeze(-1)
-        if (chosen < best - TIE).any():
-            b = int((chosen < best - TIE).nonzero()[0, 0])
-            raise AssertionError(f"generate is not greedy: {case}, step {t - L + 1}, row {b}: chose token "
-                                 f"{int(out[b, t])}, the argmax is {int(ref[b, t - 1].argmax())}"
-                                 + (f"; {prop} counts only when the values are right" if prop else ""))
+    ``tie`` of the best logit counts as the argmax). Names the failing (row, step) elements."""
+    ref = ref_logits(model, out)[:, L - 1:-1]  # (B, N, V): the logits each new token was chosen from
+    new = out[:, L:].cpu()
+    best = ref.max(-1).values
+    chosen = ref.gather(-1, new[..., None]).squeeze(-1)
+    bad = (chosen < best - tie).nonzero().tolist()
+    if bad:
+        shown = "; ".join(f"row {b}, step {t + 1}: token {int(new[b, t])} (logit {chosen[b, t]:.4g}), the argmax "
+                          f"{int(ref[b, t].argmax())} ({best[b, t]:.4g})" for b, t in bad[:3])
+        raise AssertionError(f"generate is not greedy ({case}): {len(bad)} of {new.numel()} new tokens are not the "
+                             f"argmax of the float64 oracle's logits; {shown}"
+                             + (f"; {prop} counts only when the values are right" if prop else ""))
 
 
 def check_logits(got, ref, case, prop, what="cached logits differ from the reference decoder"):
     checked(got, ref, atol=ATOL, rtol=RTOL, what=what, case=case, prop=prop)
 
 
+def assert_seq_len(cache, want, T, case):
+    got = cache.seq_len
+    assert got == want, (f"seq_len advanced at the wrong time ({case}): a forward of T={T} new tokens left seq_len "
+                         f"{got}, expected {want} (it advances by T once, when layer n_layers-1 is updated)")
+
+
 def step_logits(model, ids, chunks, cache, attention_mask=None):
-    """Feed ``ids`` through ``model`` with ``cache`` in chunks of the given sizes;
-    return the concatenated logits (B, sum(chunks), V)."""
+    """Feed ``ids`` through ``model`` with ``cache`` in chunks of the given sizes (checking
+    ``seq_len`` after each); return the concatenated logits (B, sum(chunks), V)."""
     out, at = [], 0
     for n in chunks:
         mask = None if attention_mask is None else attention_mask[:, :at + n]
         out.append(model(ids[:, at:at + n], cache=cache, attention_mask=mask))
         at += n
+        assert_seq_len(cache, at, n, f"chunks {chunks}, after {at - n} cached")
     return torch.cat(out, dim=1)
+
+
+def known_cache_bugs(model, ids, chunks):
+    """``(bug class, float64 logits)`` of the decoder with a known cache-path bug, for ``ids``
+    fed in ``chunks`` (the first one the prefill): each call's RoPE positions restarting at 0;
+    a top-left causal mask (query i of a call sees keys 0..i)."""
+    B, T = ids.shape
+    restart = torch.cat([torch.arange(n) for n in chunks]).expand(B, T)
+    top_left = torch.ones(T, T, dtype=torch.bool).tril()
+    at = 0
+    for n in chunks:
+        top_left[at:at + n] = False
+        top_left[at:at + n, :n] = torch.ones(n, n, dtype=torch.bool).tril()
+        at += n
+    yield ("RoPE positions restart at 0 for each decode step: the logits are a decoder's that rotates each "
+           "call's tokens from position 0; rotate new token t by cache.seq_len + t (read before the layer loop)",
+           ref_logits(model, ids, positions=restart))
+    yield ("causal mask looks top-left aligned: query i of a call after S cached positions saw keys 0..i only; "
+           "the contract allows keys j <= i + S (bottom-right)", ref_logits(model, ids, allowed=top_left))
+
+
+def assert_cached_logits(got, model, ids, chunks, case, what="cached logits differ from the reference decoder",
+                         atol=ATOL):
+    """``got (B, sum(chunks), V)``: the logits of ``ids`` fed through a cache in ``chunks``,
+    against the float64 oracle; a mismatch that matches a known bug (``known_cache_bugs``)
+    is reported under its name."""
+    ref = ref_logits(model, ids)
+    if not matches(got, ref, atol=atol):
+        for bug, wrong in known_cache_bugs(model, ids, chunks):
+            if matches(got, wrong):
+                raise AssertionError(f"{bug} ({case})")
+    assert_close(got, ref, atol=atol, rtol=atol, what=what, case=case)
+
+
+def run_generate(impl, model, ids, N, case, dtype=torch.float32, **kwargs):
+    """``impl.generate(model, ids, N, **kwargs)``, checked to be int64 ``(B, L + N)`` starting with
+    the prompt. On a model not in float32 (``dtype``) an error naming a dtype is the dtype bug."""
+    try:
+        out = impl.generate(model, ids, N, **kwargs)
+    except (TypeError, RuntimeError) as e:
+        if dtype == torch.float32 or not any(w in str(e) for w in ("dtype", "Float", "Double", "Half", "BFloat16")):
+            raise
+        raise AssertionError(f"generate's cache is not in the model's dtype ({case}): generate raised "
+                             f"{type(e).__name__}: {str(e)[:200]}; build the KVCache in the dtype and on the device "
+                             f"of the model's parameters, never the default dtype") from None
+    B, L = ids.shape
+    assert isinstance(out, torch.Tensor) and out.dtype == torch.int64 and tuple(out.shape) == (B, L + N), (
+        f"generate must return int64 (B, L + max_new_tokens) = {(B, L + N)} ({case}), got "
+        f"{getattr(out, 'dtype', type(out).__name__)} {tuple(getattr(out, 'shape', ()))}")
+    assert torch.equal(out[:, :L], ids), f"generate changed the prompt ({case})"
+    return out
 
 
 # --- KVCache: storage -------------------------------------------------------------------
@@ -209,19 +297,40 @@ def test_nbytes_equals_formula_and_storage_is_preallocated(impl, gen, shape, dty
 
 
 @pytest.mark.part("A")
+def test_nbytes_stays_the_storage_size_after_appends_and_reset(impl, gen):
+    n_layers, B, S, Hkv, D = 2, 3, 11, 2, 4
+    cache = impl.KVCache(n_layers, B, S, Hkv, D, dtype=torch.float64, device="cpu")
+    want = 2 * n_layers * B * Hkv * S * D * 8
+    app = Appender(cache, gen, n_layers, B, Hkv, D, torch.float64, prop="nbytes")
+    app.step(4)
+    app.step(1)
+    cache.reset()
+    nbytes, held = cache.nbytes, sum(storages(cache).values())
+    assert nbytes == want, (f"nbytes is wrong: a float64 cache (n_layers={n_layers}, B={B}, max_seq_len={S}, "
+                            f"Hkv={Hkv}, D={D}) after 4 + 1 positions and reset() reports {nbytes}, the formula "
+                            f"(the bytes of its preallocated K and V) gives {want}")
+    assert want <= held <= want + 4096, f"the cache holds {held} bytes of storage after reset(), expected {want}"
+
+
+@pytest.mark.part("A")
 def test_update_returns_views_of_the_stored_prefix(impl, gen):
     n_layers, B, S, Hkv, D = 3, 2, 17, 2, 6
     cache = new_cache(impl, n_layers, B, S, Hkv, D)
+    storages(cache)  # there is a storage to be a view of
     appended = [[] for _ in range(n_layers)]
     for T in (5, 1, 3):
         for layer in range(n_layers):
             k, v = torch.randn(B, Hkv, T, D, generator=gen), torch.randn(B, Hkv, T, D, generator=gen)
             k_view = k.transpose(2, 3).contiguous().transpose(2, 3)  # a non-contiguous input
             appended[layer].append((k.clone(), v.clone()))
-            (k_all, v_all), views = call_views(cache, cache.update, layer, k_view, v)
+            (k_all, v_all), views = call_views(cache, cache.update, layer, k_view, v, deep=True)
             want_k = torch.cat([a for a, _ in appended[layer]], dim=2)
             want_v = torch.cat([b for _, b in appended[layer]], dim=2)
             case = f"layer {layer}, after appending T={[a.shape[2] for a, _ in appended[layer]]}"
+            whole = isinstance(k_all, torch.Tensor) and k_all.dim() == 4 and k_all.shape[2] == S > want_k.shape[2]
+            assert not whole, (f"slots past seq_len were read: update returned all max_seq_len={S} positions where "
+                               f"{want_k.shape[2]} are stored ({case}); return the stored prefix [:seq_len + T], "
+                               f"not the whole buffer")
             assert_close(k_all, want_k, atol=0, rtol=0, what="update's k_all is not the stored prefix", case=case)
             assert_close(v_all, want_v, atol=0, rtol=0, what="update's v_all is not the stored prefix", case=case)
             for name, is_view in zip(("k_all", "v_all"), views):
@@ -234,16 +343,8 @@ def test_seq_len_advances_only_after_last_layer(impl, gen):
     n_layers, B, Hkv, D = 3, 1, 2, 4
     cache = new_cache(impl, n_layers, B, 11, Hkv, D)
     app = Appender(cache, gen, n_layers, B, Hkv, D, prop="seq_len bookkeeping")
-    for T, before in ((4, 0), (2, 4)):
-        for layer in range(n_layers):
-            k_all, _ = app.layer(layer, T)
-            want = before + T if layer == n_layers - 1 else before
-            assert cache.seq_len == want, (
-                f"seq_len advanced at the wrong time: after layer {layer} of {n_layers} appended T={T} to "
-                f"{before} positions, seq_len is {cache.seq_len}, expected {want} (it advances when layer "
-                f"n_layers-1 is updated)")
-            assert k_all.shape[2] == before + T, (
-                f"layer {layer} returned {k_all.shape[2]} positions, expected {before + T}")
+    for T in (4, 2):
+        app.step(T)  # seq_len is checked after every layer's update
 
 
 @pytest.mark.part("A")
@@ -251,8 +352,7 @@ def test_fill_exactly_to_max_seq_len_is_allowed(impl, gen):
     cache = new_cache(impl, 2, 1, 9, 1, 4)
     app = Appender(cache, gen, 2, 1, 1, 4, prop="filling to max_seq_len")
     for T in (6, 3):
-        app.step(T)
-    assert cache.seq_len == 9, f"filling to max_seq_len=9 should give seq_len 9, got {cache.seq_len}"
+        app.step(T)  # 6 + 3 = max_seq_len: no error, seq_len 9 (checked after every update)
 
 
 @pytest.mark.part("A")
@@ -266,16 +366,12 @@ def test_overflow_raises_and_changes_no_byte(impl, gen, layer):
         app.layer(0, 3)
     before = raw_bytes(cache)
     k = torch.randn(2, 2, 4, 4, generator=gen)
-    with pytest.raises(ValueError) as info:
-        cache.update(layer, k, k.clone())
-    assert "max_seq_len" in str(info.value), f"the overflow error must name max_seq_len, got: {info.value}"
-    after = raw_bytes(cache)
-    for a, b in zip(before, after):
-        if not torch.equal(a, b):
-            n = int((a != b).sum())
-            raise AssertionError(f"overflow wrote to the storage before raising: {n} byte(s) changed "
-                                 f"(7 stored + 4 new > max_seq_len=10, layer {layer}); check before writing")
-    assert cache.seq_len == 7, f"overflow changed seq_len to {cache.seq_len}, expected 7"
+    case = f"7 stored + 4 new > max_seq_len=10, update of layer {layer}"
+    err = expect_raises(ValueError, f"an overflowing update ({case})", cache.update, layer, k, k.clone())
+    assert "max_seq_len" in str(err), f"the overflow error must name max_seq_len ({case}), got: {err}"
+    assert_unchanged(before, raw_bytes(cache), "overflow wrote to the storage before raising; check "
+                     "seq_len + T <= max_seq_len before the first write", case)
+    assert cache.seq_len == 7, f"overflow changed seq_len to {cache.seq_len}, expected 7 ({case})"
 
 
 @pytest.mark.part("A")
@@ -287,21 +383,22 @@ def test_model_overflow_raises_and_changes_no_byte(impl, gen):
         check_logits(model(ids[:, :10], cache=cache), ref_logits(model, ids[:, :10]), "B=1, prefill of 10 into "
                      "max_seq_len=12", "the overflow rule")
         before = raw_bytes(cache)
-        with pytest.raises(ValueError) as info:
-            model(ids[:, 10:13], cache=cache)
-    assert "max_seq_len" in str(info.value), f"the overflow error must name max_seq_len, got: {info.value}"
-    for a, b in zip(before, raw_bytes(cache)):
-        assert torch.equal(a, b), "a forward that overflows the cache changed its storage"
-    assert cache.seq_len == 10, f"a forward that overflowed changed seq_len to {cache.seq_len}, expected 10"
+        case = "a forward of 3 tokens after 10 cached, max_seq_len=12"
+        err = expect_raises(ValueError, f"an overflowing model forward ({case})", model, ids[:, 10:13], cache=cache)
+    assert "max_seq_len" in str(err), f"the overflow error must name max_seq_len ({case}), got: {err}"
+    assert_unchanged(before, raw_bytes(cache), "overflow wrote to the storage before raising (through the "
+                     "model: layer 0 must not write either); check seq_len + T <= max_seq_len before the first "
+                     "write", case)
+    assert cache.seq_len == 10, f"a forward that overflowed changed seq_len to {cache.seq_len}, expected 10 ({case})"
 
 
-BAD_SHAPES = {
-    "wrong-batch": lambda k: k[:1],
-    "wrong-heads": lambda k: k.repeat(1, 2, 1, 1),
-    "wrong-head-dim": lambda k: k[..., :3],
-    "3d": lambda k: k[0],
-    "T0": lambda k: k[:, :, :0],
-    "meta-device": lambda k: k.to("meta"),
+BAD_SHAPES = {  # name: (what the cache is given, the bad k and v made from a good (2, 2, 3, 4) one)
+    "wrong-batch": ("k, v of batch 1 for batch_size=2", lambda k: k[:1]),
+    "wrong-heads": ("k, v with 4 heads for n_kv_heads=2", lambda k: k.repeat(1, 2, 1, 1)),
+    "wrong-head-dim": ("k, v of head_dim 3 for head_dim=4", lambda k: k[..., :3]),
+    "3d": ("3-d k, v (Hkv, T, D)", lambda k: k[0]),
+    "T0": ("k, v with T=0 positions", lambda k: k[:, :, :0]),
+    "meta-device": ("k, v on the meta device for a cpu cache", lambda k: k.to("meta")),
 }
 
 
@@ -311,21 +408,19 @@ def test_wrong_shape_or_device_raises_value_error(impl, gen, bad):
     cache = new_cache(impl, 2, 2, 8, 2, 4)
     k = torch.randn(2, 2, 3, 4, generator=gen)
     before = raw_bytes(cache)
-    with pytest.raises(ValueError):
-        cache.update(0, BAD_SHAPES[bad](k), BAD_SHAPES[bad](k.clone()))
-    assert all(torch.equal(a, b) for a, b in zip(before, raw_bytes(cache))), f"a rejected update ({bad}) wrote storage"
-    with pytest.raises(ValueError):  # k and v must agree
-        cache.update(0, k, k[:, :, :2].clone())
+    given, make = BAD_SHAPES[bad]
+    expect_raises(ValueError, f"update(0, {given})", cache.update, 0, make(k), make(k.clone()))
+    assert_unchanged(before, raw_bytes(cache), "a rejected update wrote to the storage", f"{bad}: {given}")
+    expect_raises(ValueError, "update(0, k, v) with k of T=3 and v of T=2 (k and v must agree)",
+                  cache.update, 0, k, k[:, :, :2].clone())
 
 
 @pytest.mark.part("A")
 def test_wrong_dtype_raises_type_error(impl, gen):
     cache = new_cache(impl, 1, 1, 8, 1, 4, dtype=torch.float16)
     k = torch.randn(1, 1, 2, 4, generator=gen)
-    with pytest.raises(TypeError):
-        cache.update(0, k, k.half())
-    with pytest.raises(TypeError):
-        cache.update(0, k.half(), k)
+    expect_raises(TypeError, "update(0, k float32, v float16) for a float16 cache", cache.update, 0, k, k.half())
+    expect_raises(TypeError, "update(0, k float16, v float32) for a float16 cache", cache.update, 0, k.half(), k)
     cache.update(0, k.half(), k.half())  # the right dtype is accepted
 
 
@@ -339,8 +434,8 @@ def test_reset_empties_the_cache(impl, gen):
         cache.reset()
         assert cache.seq_len == 0, f"reset() must set seq_len to 0, got {cache.seq_len}"
         got = step_logits(model, b, [4, 1, 1], cache)
-    assert_close(got, ref_logits(model, b), atol=ATOL, rtol=RTOL,
-                 what="after reset() the cache still acts on the old sequence", case="9 tokens, reset, 6 new")
+    assert_cached_logits(got, model, b, [4, 1, 1], "9 tokens, reset, then 4 + 1 + 1 new",
+                         what="after reset() the cache still acts on the old sequence")
 
 
 # --- The model with the cache ------------------------------------------------------------
@@ -357,22 +452,20 @@ def test_cached_decode_matches_uncached_every_step(impl, gen, device, B, L, N):
     steps = []
     with torch.no_grad():
         logits = model(ids, cache=cache)
+        assert_seq_len(cache, L, L, f"B={B}, the prefill")
         steps.append(logits)
-        for _ in range(N):
+        for step in range(1, N + 1):
             tok = logits[:, -1].argmax(-1, keepdim=True)
             ids = torch.cat([ids, tok], dim=1)
             logits = model(tok, cache=cache)
+            assert_seq_len(cache, L + step, 1, f"B={B}, decode step {step} after a prefill of {L}")
             steps.append(logits)
         full = model(ids)  # the uncached recomputation
-    cached = torch.cat(steps, dim=1)[:, :L + N]  # the last step's logits have no token in ids
-    ref = ref_logits(model, ids)
-    for t in range(L - 1, L + N):
-        case = f"B={B}, prompt L={L}, position {t}" + (" (prefill)" if t < L else f" (decode step {t - L + 1})")
-        assert_close(cached[:, t], full[:, t], atol=atol, rtol=atol,
-                     what="cached logits differ from the uncached recomputation", case=case)
-        assert_close(cached[:, t], ref[:, t], atol=atol, rtol=atol,
-                     what="cached logits differ from the reference decoder", case=case)
-    assert cache.seq_len == L + N, f"after prefill of {L} and {N} steps seq_len is {cache.seq_len}, expected {L + N}"
+    cached = torch.cat(steps, dim=1)  # (B, L + N, V): logits of every token of ids
+    case = f"B={B}, prefill L={L}, then {N} single-token steps"
+    assert_cached_logits(cached, model, ids, [L] + [1] * N, case, atol=atol)
+    assert_close(cached, full, atol=atol, rtol=atol, what="cached logits differ from the uncached recomputation",
+                 case=case)
 
 
 @pytest.mark.part("A")
@@ -382,17 +475,10 @@ def test_rope_positions_continue_after_cached_length(impl, gen, S):
     ids = prompt(gen, 2, S + 3)
     cache = impl.KVCache(2, 2, S + 3, 2, 8)
     with torch.no_grad():
-        model(ids[:, :S], cache=cache)
-        got = torch.cat([model(ids[:, S + i:S + i + 1], cache=cache) for i in range(3)], dim=1)
-    ref = ref_logits(model, ids)[:, S:]
-    if not matches(got, ref, atol=ATOL):
-        restart = torch.cat([torch.arange(S), torch.zeros(3, dtype=torch.long)]).expand(2, S + 3)
-        if matches(got[:, :1], ref_logits(model, ids, positions=restart)[:, S:S + 1]):
-            raise AssertionError(f"RoPE positions restart at 0 for each decode step: after S={S} cached "
-                                 f"positions the new token must be rotated by position S={S} (= cache.seq_len "
-                                 f"read before the layer loop), not 0")
-    assert_close(got, ref, atol=ATOL, rtol=RTOL, what="decode steps after a cached prefix are wrong "
-                 "(RoPE positions must continue from cache.seq_len)", case=f"S={S}, 3 single-token steps")
+        got = step_logits(model, ids, [S, 1, 1, 1], cache)
+    assert_cached_logits(got, model, ids, [S, 1, 1, 1], f"S={S} cached, then 3 single-token steps",
+                         what="decode steps after a cached prefix are wrong (RoPE positions must continue from "
+                              "cache.seq_len)")
 
 
 @pytest.mark.part("A")
@@ -405,22 +491,8 @@ def test_multi_token_appends_match_reference(impl, gen, chunks):
     cache = impl.KVCache(2, B, total + 2, 2, 8)
     with torch.no_grad():
         got = step_logits(model, ids, chunks, cache)
-    ref = ref_logits(model, ids)
-    if not matches(got, ref, atol=ATOL):
-        # a top-left aligned mask lets chunk query i (absolute S+i) see keys 0..i only
-        top_left = torch.ones(total, total, dtype=torch.bool).tril()
-        at = 0
-        for n in chunks:
-            if at:
-                top_left[at:at + n] = False
-                top_left[at:at + n, :n] = torch.ones(n, n, dtype=torch.bool).tril()
-            at += n
-        if matches(got, ref_logits(model, ids, allowed=top_left)):
-            raise AssertionError(f"causal mask looks top-left aligned in a multi-token append: appending "
-                                 f"T={chunks[1]} to S={chunks[0]} cached, query 0 saw key 0 only; the contract "
-                                 f"allows keys j <= i + S (bottom-right)")
-    assert_close(got, ref, atol=ATOL, rtol=RTOL, what="logits of multi-token appends are wrong",
-                 case=f"chunks {chunks} (prefill {chunks[0]}, then appends)")
+    assert_cached_logits(got, model, ids, chunks, f"chunks {chunks} (prefill {chunks[0]}, then appends)",
+                         what="logits of multi-token appends are wrong")
 
 
 @pytest.mark.part("A")
@@ -431,17 +503,25 @@ def test_nan_prefilled_cache_gives_finite_identical_results(impl, gen):
     ids = prompt(gen, B, L + N)
     clean, dirty = impl.KVCache(2, B, L + N + 3, 2, 8), impl.KVCache(2, B, L + N + 3, 2, 8)
     fill_nan(dirty)
+    case = f"B={B}, prefill {L}, {N} single-token steps, max_seq_len {L + N + 3}"
     with torch.no_grad():
         want = step_logits(model, ids, [L] + [1] * N, clean)
         got = step_logits(model, ids, [L] + [1] * N, dirty)
-    check_logits(want, ref_logits(model, ids), f"B={B}, prefill {L}, {N} single-token steps, a clean cache",
-                 "the NaN-prefilled cache check")
-    if not torch.isfinite(got).all():
-        bad = (~torch.isfinite(got)).any(-1).nonzero()[0].tolist()
-        raise AssertionError(f"slots past seq_len were read: a cache pre-filled with NaN gives non-finite logits "
-                             f"(first at batch {bad[0]}, position {bad[1]}; prefill {L}, {N} steps); "
-                             f"update must return only the stored prefix [:seq_len + T]")
-    assert torch.equal(got, want), "a cache pre-filled with NaN gives different logits than a clean one"
+    check_logits(want, ref_logits(model, ids), f"{case}, a clean cache", "the NaN-prefilled cache check")
+    bad = (~torch.isfinite(got)).any(-1).nonzero().tolist()  # [batch, position] pairs
+    assert not bad, (f"slots past seq_len were read: a cache pre-filled with NaN gives non-finite logits at "
+                     f"{len(bad)} of {B * (L + N)} (batch, position) pairs, {bad[:4]} ({case}); update must "
+                     f"return only the stored prefix [:seq_len + T]")
+    assert_close(got, want, atol=0, rtol=0, what="a cache pre-filled with NaN gives other logits than a clean one",
+                 case=case)
+
+
+def left_pad_mask(lengths, width):
+    """``(len(lengths), width)`` int64: row b is ``width - lengths[b]`` zeros, then ones."""
+    mask = torch.zeros(len(lengths), width, dtype=torch.long)
+    for b, n in enumerate(lengths):
+        mask[b, width - n:] = 1
+    return mask
 
 
 @pytest.mark.part("A")
@@ -452,50 +532,79 @@ def test_left_padded_batch_equals_each_prompt_alone(impl, gen, use_cache):
     model = make_model(impl, gen)
     Lmax, B = max(lengths), len(lengths)
     ids = prompt(gen, B, Lmax)  # padded slots hold random tokens: they must not matter
-    mask = torch.zeros(B, Lmax, dtype=torch.long)
+    case = f"generate, prompts of lengths {lengths} left padded to {Lmax}, {N} new tokens, use_cache={use_cache}"
+    out = run_generate(impl, model, ids, N, case, attention_mask=left_pad_mask(lengths, Lmax), use_cache=use_cache)
     for b, n in enumerate(lengths):
-        mask[b, Lmax - n:] = 1
-    out = impl.generate(model, ids, N, attention_mask=mask, use_cache=use_cache)
-    assert tuple(out.shape) == (B, Lmax + N), f"generate returned shape {tuple(out.shape)}, expected {(B, Lmax + N)}"
-    assert torch.equal(out[:, :Lmax], ids), "generate changed the prompt"
+        alone = run_generate(impl, model, ids[b:b + 1, Lmax - n:], N, f"row {b}'s prompt alone", use_cache=use_cache)
+        differ = (out[b, Lmax:] != alone[0, n:]).nonzero().flatten().tolist()
+        assert not differ, (
+            f"left-padded row differs from its prompt alone ({case}): row {b} ({Lmax - n} pads) differs at "
+            f"{len(differ)} of {N} new tokens: " + "; ".join(f"step {t + 1}: batched {int(out[b, Lmax + t])}, alone "
+                                                            f"{int(alone[0, n + t])}" for t in differ[:3])
+            + "; mask padded keys for every query (attention_mask)")
+        assert_greedy(model, alone, n, f"row {b}'s prompt alone, {N} new tokens", prop="padding consistency")
+
+
+@pytest.mark.part("A")
+@pytest.mark.points(2)
+def test_left_padded_cached_forward_matches_each_row_alone(impl, gen):
+    """The model driven by hand through a cache with a left-padded attention_mask (a prefill,
+    single-token steps and a multi-token append): each row's logits of its real tokens are
+    those of the row alone."""
+    lengths, chunks = [7, 2, 11], [11, 1, 3, 1]
+    model = make_model(impl, gen)
+    B, Lmax, total = len(lengths), max(lengths), sum(chunks)
+    ids = prompt(gen, B, total)  # padded slots hold random tokens
+    mask = torch.cat([left_pad_mask(lengths, Lmax), torch.ones(B, total - Lmax, dtype=torch.long)], dim=1)
+    cache = impl.KVCache(2, B, total, 2, 8)
+    with torch.no_grad():
+        got = step_logits(model, ids, chunks, cache, attention_mask=mask)
+    case = f"prompts of lengths {lengths} left padded to {Lmax}, chunks {chunks}"
+    attended = ref_logits(model, ids, positions=(mask.cumsum(-1) - 1).clamp(min=0))  # pads treated as tokens
+    assert not matches(got, attended), (
+        f"left-padded row differs from its prompt alone: padded keys were attended ({case}): the logits are a "
+        f"decoder's that masks no key; mask keys where attention_mask is 0, for every query")
     for b, n in enumerate(lengths):
-        assert_greedy(model, out[b:b + 1, Lmax - n:], n, f"left-padded row {b} of lengths {lengths}",
-                      prop="padding consistency")
-    for b, n in enumerate(lengths):
-        alone = impl.generate(model, ids[b:b + 1, Lmax - n:], N, use_cache=use_cache)
-        if not torch.equal(out[b, Lmax:], alone[0, n:]):
-            raise AssertionError(f"left-padded row differs from its prompt alone (attention_mask ignored, or "
-                                 f"positions not shifted by the padding): row {b} of lengths {lengths}, "
-                                 f"{Lmax - n} pads; batched {out[b, Lmax:].tolist()}, alone {alone[0, n:].tolist()}")
-    if use_cache:  # every step's logits of the real tokens, against the unpadded reference
-        full_mask = torch.cat([mask, torch.ones(B, N, dtype=torch.long)], dim=1)
-        cache = impl.KVCache(2, B, Lmax + N, 2, 8)
-        with torch.no_grad():
-            got = step_logits(model, out, [Lmax] + [1] * N, cache, attention_mask=full_mask)
-        for b, n in enumerate(lengths):
-            ref = ref_logits(model, out[b:b + 1, Lmax - n:])
-            assert_close(got[b:b + 1, Lmax - n:], ref, atol=ATOL, rtol=RTOL,
-                         what="left-padded cached logits differ from the prompt alone",
-                         case=f"row {b}, {Lmax - n} pads, prompt {n}, {N} steps")
+        pads = Lmax - n
+        assert_close(got[b:b + 1, pads:], ref_logits(model, ids[b:b + 1, pads:]), atol=ATOL, rtol=RTOL,
+                     what="left-padded row differs from its prompt alone (logits of its real tokens)",
+                     case=f"row {b}: {pads} pads, then {total - pads} real tokens; chunks {chunks}")
 
 
 # --- generate ----------------------------------------------------------------------------
 
 @pytest.mark.part("A")
 @pytest.mark.points(2)
-@pytest.mark.parametrize("B,L,N", [(1, 4, 6), (2, 9, 12)], ids=["B1-L4-N6", "B2-L9-N12"])
-def test_generate_is_greedy_and_cache_matches_no_cache(impl, gen, B, L, N):
-    model = make_model(impl, gen)
+@pytest.mark.parametrize("B,L,N,dtype", [(1, 4, 6, "fp32"), (2, 9, 12, "fp32"), (2, 7, 5, "fp64")],
+                         ids=["B1-L4-N6", "B2-L9-N12", "B2-L7-N5-fp64"])
+def test_generate_is_greedy_and_cache_matches_no_cache(impl, gen, B, L, N, dtype):
+    model = make_model(impl, gen, dtype=DTYPES[dtype])
     ids = prompt(gen, B, L)
-    out = impl.generate(model, ids, N)
-    assert isinstance(out, torch.Tensor) and out.dtype == torch.int64 and tuple(out.shape) == (B, L + N), (
-        f"generate must return int64 (B, L + max_new_tokens) = {(B, L + N)}, got "
-        f"{getattr(out, 'dtype', type(out).__name__)} {tuple(getattr(out, 'shape', ()))}")
-    assert torch.equal(out[:, :L], ids), "generate changed the prompt"
-    assert_greedy(model, out, L, f"B={B}, L={L}")
-    plain = impl.generate(model, ids, N, use_cache=False)
-    assert torch.equal(out, plain), "generate with the cache gives other tokens than without it"
-    assert torch.equal(impl.generate(model, ids, 0), ids), "max_new_tokens=0 must return the prompt"
+    case = f"B={B}, L={L}, {N} new tokens, a {dtype} model"
+    out = run_generate(impl, model, ids, N, case, dtype=DTYPES[dtype])
+    assert_greedy(model, out, L, case)
+    plain = run_generate(impl, model, ids, N, f"{case}, use_cache=False", dtype=DTYPES[dtype], use_cache=False)
+    differ = (out != plain).nonzero().tolist()
+    assert not differ, (f"generate with the cache gives other tokens than without it ({case}): {len(differ)} of "
+                        f"{B * N} differ: " + "; ".join(f"row {b}, step {t - L + 1}: {int(out[b, t])} cached, "
+                                                      f"{int(plain[b, t])} uncached" for b, t in differ[:3]))
+    run_generate(impl, model, ids, 0, f"{case}, max_new_tokens=0 (returns the prompt)", dtype=DTYPES[dtype])
+
+
+LOW_PRECISION_TIE = {"bf16": 0.4, "fp16": 0.1}  # greedy ties: logits of the bf16/fp16 decoder are ~0.1/0.01 off
+
+
+@pytest.mark.part("A")
+@pytest.mark.parametrize("dtype", list(LOW_PRECISION_TIE))
+def test_generate_builds_its_cache_in_the_model_dtype(impl, gen, dtype):
+    """generate on a bfloat16 / float16 model (the float64 one: the test above): its cache takes
+    the model's dtype, so the cached path runs end to end and stays greedy within the dtype's
+    rounding (a token within LOW_PRECISION_TIE of the float64 oracle's best counts)."""
+    model = make_model(impl, gen, dtype=DTYPES[dtype])
+    ids = prompt(gen, 2, 6)
+    case = f"B=2, L=6, 5 new tokens, a {dtype} model"
+    out = run_generate(impl, model, ids, 5, case, dtype=DTYPES[dtype])
+    assert_greedy(model, out, 6, case, tie=LOW_PRECISION_TIE[dtype])
 
 
 @pytest.mark.part("A")
@@ -503,7 +612,7 @@ def test_storage_never_reallocated_during_generation(impl, gen):
     model = make_model(impl, gen)
     ids = prompt(gen, 2, 6)
     hand = prompt(gen, 2, 12)
-    with watch_storages(impl, "KVCache", "update") as report:  # every KVCache, checked after each update
+    with watch_storages(impl, "KVCache", "update", deep=True) as report:  # every KVCache, after each update
         out = impl.generate(model, ids, 7)
         # and driven by hand, step by step
         cache = impl.KVCache(2, 2, 20, 2, 8)
@@ -516,10 +625,11 @@ def test_storage_never_reallocated_during_generation(impl, gen):
     assert_greedy(model, out, 6, "B=2, L=6, 7 new tokens", prop=prop)
     check_logits(logits, ref_logits(model, hand), "B=2, chunks 5+1+3+1+2", prop)
     assert report["created"] >= 2, "generate(use_cache=True) never built a KVCache"
+    assert not report["bare"], NO_STORAGE.format(what=f"{report['bare']} of the {report['created']} KVCache(s) "
+                                                      f"made (by generate and by hand)")
     assert not report["violations"], (
         f"the cache's storage was reallocated during generation ({report['violations'][0]}): preallocate once "
         f"in __init__ and write into it, no torch.cat")
-    assert cache.seq_len == 12
 
 
 # --- Cost ----------------------------------------------------------------------------------

@@ -13,25 +13,33 @@ import pytest
 import torch
 
 from harness.sandbox import held_bytes, held_storages
-from harness.testing import checked
+from harness.testing import checked, expect_raises
 
 N_LAYERS, HKV, D = 2, 2, 6
+NO_STORAGE = ("found no tensor storage in the PagedKVCache (searched its attributes, lists, tuples, dicts, helper "
+              "objects and module buffers at any depth): it must hold its preallocated block tensors from __init__ "
+              "on; the storage and out-of-blocks checks read them")
 
 
 def storages(obj):
-    """{data_ptr: nbytes} of the distinct storages behind ``obj``'s tensor attributes."""
-    return held_storages(obj)
+    """{data_ptr: nbytes} of the distinct storages behind every tensor ``obj`` holds (at any depth)."""
+    found = held_storages(obj, deep=True)
+    assert found, NO_STORAGE
+    return found
 
 
 def raw_bytes(obj):
-    return held_bytes(obj)
+    found = held_bytes(obj, deep=True)
+    assert found, NO_STORAGE
+    return found
 
 
 class Driver:
     """Appends to a PagedKVCache through every layer and keeps the expected prefixes."""
 
-    def __init__(self, cache, gen, prop="the block accounting", dtype=torch.float32):
+    def __init__(self, cache, gen, prop="the block accounting", dtype=torch.float32, pool=None):
         self.cache, self.gen, self.want, self.prop, self.dtype = cache, gen, {}, prop, dtype
+        self.pool = pool  # (block_size, num_blocks): an unexplained out-of-blocks refusal is the waste bug
 
     def allocate(self, sid):
         self.cache.allocate(sid)
@@ -42,10 +50,28 @@ class Driver:
         del self.want[sid]
 
     def append(self, sid, T):
+        """Append T positions to ``sid`` through every layer. With a ``pool``, an out-of-blocks
+        refusal the contract's accounting does not explain (ceil(seq_len / block_size) blocks per
+        live sequence) is reported as the waste bug."""
         for layer in range(N_LAYERS):
             k = torch.randn(HKV, T, D, generator=self.gen).to(self.dtype)
             v = torch.randn(HKV, T, D, generator=self.gen).to(self.dtype)
-            out = self.cache.update(layer, sid, k, v)
+            try:
+                out = self.cache.update(layer, sid, k, v)
+            except ValueError as e:
+                if self.pool is None:
+                    raise
+                block_size, num_blocks = self.pool
+                lens = {s: w[0].shape[-2] + (T if s == sid and layer == 0 else 0) for s, w in self.want.items()}
+                need = sum(-(-n // block_size) for n in lens.values())
+                if need > num_blocks:
+                    raise
+                held = {s: len(self.cache.block_table(s)) for s in self.want}
+                raise AssertionError(
+                    f"wasted slots >= block_size: appending T={T} to seq {sid!r} (layer {layer}) ran out of blocks "
+                    f"({e}) although the live sequences need {need} of num_blocks={num_blocks} (positions: {lens}); "
+                    f"they hold {held} blocks of {block_size}; take a block only when a position needs one, once "
+                    f"per append, not per layer") from None
             self.want[sid][layer] = torch.cat([self.want[sid][layer], torch.stack([k, v])], dim=-2)
             case = f"seq {sid!r}, layer {layer}, {self.want[sid][layer].shape[-2]} positions"
             checked(tuple(out) if isinstance(out, (tuple, list)) else out,
@@ -96,7 +122,7 @@ def test_paged_update_returns_each_sequence_prefix(impl, gen):
     block_size, num_blocks = 5, 12
     cache = new(impl, num_blocks, block_size)
     ptrs = set(storages(cache))
-    drv = Driver(cache, gen)
+    drv = Driver(cache, gen, pool=(block_size, num_blocks))
     for sid in ("a", 7, "c"):
         drv.allocate(sid)
     for sid, T in (("a", 3), (7, 6), ("a", 4), ("c", 1), (7, 1), ("a", 5), ("c", 9), (7, 3)):
@@ -122,7 +148,7 @@ def test_paged_wasted_slots_below_block_size(impl, gen):
 def test_paged_free_returns_blocks_for_reuse(impl, gen):
     block_size, num_blocks = 3, 6
     cache = new(impl, num_blocks, block_size)
-    drv = Driver(cache, gen)
+    drv = Driver(cache, gen, pool=(block_size, num_blocks))
     drv.allocate("x")
     drv.allocate("y")
     drv.append("x", 8)   # 3 blocks
@@ -131,8 +157,7 @@ def test_paged_free_returns_blocks_for_reuse(impl, gen):
     freed = set(cache.block_table("x"))
     drv.free("x")
     assert cache.num_free_blocks == 3, f"free() returned {cache.num_free_blocks} blocks to the pool, expected 3"
-    with pytest.raises(ValueError):
-        cache.seq_len("x")
+    expect_raises(ValueError, "seq_len('x') after free('x') (a freed id is not live)", cache.seq_len, "x")
     drv.allocate("z")
     drv.append("z", 9)   # needs exactly the 3 freed blocks
     assert set(cache.block_table("z")) == freed, "a new sequence did not reuse the freed blocks"
@@ -146,19 +171,23 @@ def test_paged_free_returns_blocks_for_reuse(impl, gen):
 def test_paged_out_of_blocks_raises_and_changes_nothing(impl, gen):
     block_size, num_blocks = 4, 5
     cache = new(impl, num_blocks, block_size)
-    drv = Driver(cache, gen)
+    drv = Driver(cache, gen, pool=(block_size, num_blocks))
     drv.allocate("a")
     drv.allocate("b")
     drv.append("a", 10)  # 3 blocks
     drv.append("b", 5)   # 2 blocks: pool empty, a has 2 spare slots, b has 3
     before, tables = raw_bytes(cache), {s: cache.block_table(s) for s in ("a", "b")}
     k = torch.randn(HKV, 3, D, generator=gen)
-    with pytest.raises(ValueError) as info:
-        cache.update(0, "a", k, k.clone())
-    assert "num_blocks" in str(info.value), f"the out-of-blocks error must name num_blocks, got: {info.value}"
-    assert all(torch.equal(x, y) for x, y in zip(before, raw_bytes(cache))), "a refused update wrote block storage"
-    assert {s: cache.block_table(s) for s in ("a", "b")} == tables, "a refused update changed a block table"
-    assert cache.seq_len("a") == 10 and cache.num_free_blocks == 0
+    case = "3 new positions for seq 'a' (10 stored, 2 spare slots) with no free block"
+    err = expect_raises(ValueError, f"an out-of-blocks update ({case})", cache.update, 0, "a", k, k.clone())
+    assert "num_blocks" in str(err), f"the out-of-blocks error must name num_blocks ({case}), got: {err}"
+    changed = [i for i, (x, y) in enumerate(zip(before, raw_bytes(cache))) if not torch.equal(x, y)]
+    assert not changed, f"a refused update wrote block storage ({case}): storage(s) {changed} changed"
+    after = {s: cache.block_table(s) for s in ("a", "b")}
+    assert after == tables, f"a refused update changed a block table ({case}): {tables} before, {after} after"
+    assert (cache.seq_len("a"), cache.num_free_blocks) == (10, 0), (
+        f"a refused update changed seq_len('a') or num_free_blocks ({case}): {cache.seq_len('a')} and "
+        f"{cache.num_free_blocks}, expected 10 and 0")
     drv.append("b", 3)  # filling b's last block exactly is still allowed
     drv.check_accounting(block_size, num_blocks)
 
@@ -167,17 +196,15 @@ def test_paged_out_of_blocks_raises_and_changes_nothing(impl, gen):
 def test_paged_bad_arguments_raise(impl, gen):
     cache = new(impl, 4, 4, torch.float16)
     cache.allocate(1)
-    with pytest.raises(ValueError):
-        cache.allocate(1)  # already live
-    with pytest.raises(ValueError):
-        cache.free(2)      # never allocated
     k = torch.randn(HKV, 2, D, generator=gen).half()
-    with pytest.raises(ValueError):
-        cache.update(0, 2, k, k)  # not allocated
-    with pytest.raises(ValueError):
-        cache.update(0, 1, k[:1], k[:1])  # wrong heads
-    with pytest.raises(ValueError):
-        cache.update(0, 1, k[None], k[None])  # 4-d
-    with pytest.raises(TypeError):
-        cache.update(0, 1, k.float(), k.float())
+    for exc, case, call in (
+            (ValueError, "allocate(1) while seq 1 is live", lambda: cache.allocate(1)),
+            (ValueError, "free(2), never allocated", lambda: cache.free(2)),
+            (ValueError, "update(0, 2, k, v) for seq 2, never allocated", lambda: cache.update(0, 2, k, k)),
+            (ValueError, "update(0, 1, k, v) with 1 head for n_kv_heads=2", lambda: cache.update(0, 1, k[:1], k[:1])),
+            (ValueError, "update(0, 1, k, v) with 4-d k, v (Hkv, T, D expected)",
+             lambda: cache.update(0, 1, k[None], k[None])),
+            (TypeError, "update(0, 1, k, v) in float32 for a float16 cache",
+             lambda: cache.update(0, 1, k.float(), k.float()))):
+        expect_raises(exc, case, call)
     cache.update(0, 1, k, k)

@@ -559,8 +559,11 @@ def probe_param_grads(module, target):
 
 # --- object introspection ------------------------------------------------------------------------
 
-def held_tensors(obj):
-    """Tensors held by ``obj``'s attributes (also inside lists, tuples and dicts, 3 levels)."""
+def held_tensors(obj, deep=False):
+    """Tensors held by ``obj``'s attributes (also inside lists, tuples and dicts, 3 levels);
+    ``deep``: every tensor reachable from ``obj`` (:func:`reachable_tensors`)."""
+    if deep:
+        return reachable_tensors(obj)
     found = []
 
     def visit(x, d):
@@ -578,29 +581,65 @@ def held_tensors(obj):
     return found
 
 
-def _storages(obj):
-    return {int(t.untyped_storage().data_ptr()): int(t.untyped_storage().nbytes()) for t in held_tensors(obj)}
+_NOT_ENTERED = (type, type(contextlib), type(len), type(flat), str, bytes, int, float, complex)
 
 
-def probe_storages(module, target):
-    return _storages(target), {}
+def reachable_tensors(obj, limit=100_000):
+    """Every tensor reachable from ``obj``, each once, depth first in definition order: through
+    attributes (``__dict__``, ``__slots__``; an ``nn.Module``'s parameters and buffers are in its
+    ``__dict__``), list, tuple and set items, dict keys and values, at any depth. Each object is
+    entered once (a cycle ends); classes, modules and functions are not entered, at most ``limit``
+    objects are."""
+    found, seen, stack = [], set(), [obj]
+    while stack and len(seen) < limit:
+        x = stack.pop()
+        if id(x) in seen or isinstance(x, _NOT_ENTERED):
+            continue
+        seen.add(id(x))
+        if isinstance(x, torch.Tensor):
+            found.append(x)
+            continue
+        if isinstance(x, dict):
+            inner = [y for kv in x.items() for y in kv]
+        elif isinstance(x, (list, tuple, set, frozenset)):
+            inner = list(x)
+        else:
+            d = getattr(x, "__dict__", None)
+            inner = list(d.values()) if isinstance(d, dict) else []
+            for cls in type(x).__mro__:
+                slots = getattr(cls, "__slots__", ())
+                for name in [slots] if isinstance(slots, str) else slots:
+                    if isinstance(name, str) and name not in ("__dict__", "__weakref__") and hasattr(x, name):
+                        inner.append(getattr(x, name))
+        stack += reversed(inner)
+    return found
 
 
-def probe_raw_bytes(module, target):
+def _storages(obj, deep=False):
+    return {int(t.untyped_storage().data_ptr()): int(t.untyped_storage().nbytes())
+            for t in held_tensors(obj, deep)}
+
+
+def probe_storages(module, target, deep=False):
+    return _storages(target, deep), {}
+
+
+def probe_raw_bytes(module, target, deep=False):
     return [torch.empty(0, dtype=torch.uint8, device=t.device).set_(t.untyped_storage()).clone()
-            for t in held_tensors(target)], {}
+            for t in held_tensors(target, deep)], {}
 
 
-def probe_fill_nan(module, target):
-    for t in held_tensors(target):
-        if t.is_floating_point():
-            t.fill_(float("nan"))
-    return None, {}
+def probe_fill_nan(module, target, deep=False):
+    """Fill every floating tensor ``target`` holds with NaN; the value: how many were filled."""
+    floats = [t for t in held_tensors(target, deep) if t.is_floating_point()]
+    for t in floats:
+        t.fill_(float("nan"))
+    return len(floats), {}
 
 
-def probe_call_views(module, target, fn, args, kwargs):
+def probe_call_views(module, target, fn, args, kwargs, deep=False):
     """``(out, [output tensor i is a view of a storage target holds])``."""
-    ptrs = set(_storages(target))
+    ptrs = set(_storages(target, deep))
     out = fn(*args, **kwargs)
     flags = [int(t.untyped_storage().data_ptr()) in ptrs for t in flat(out) if isinstance(t, torch.Tensor)]
     return (out, flags), {}
@@ -609,21 +648,23 @@ def probe_call_views(module, target, fn, args, kwargs):
 _WATCH: dict = {}
 
 
-def probe_watch_begin(module, target, cls_name, method):
+def probe_watch_begin(module, target, cls_name, method, deep=False):
     """Replace ``module.<cls_name>`` by a subclass that records, for every instance, the
-    storages held after ``__init__`` and flags a ``method`` call after which they changed."""
+    storages held after ``__init__`` (``deep``: every storage reachable from it) and flags a
+    ``method`` call after which they changed; ``bare`` counts instances holding none."""
     module = target
     base = getattr(module, cls_name)
-    report = {"created": 0, "violations": []}
+    report = {"created": 0, "bare": 0, "violations": []}
 
     class Watched(base):
         def __init__(self, *a, **k):
             super().__init__(*a, **k)
-            self._labs_ptrs = set(_storages(self)) - {None}
+            self._labs_ptrs = set(_storages(self, deep)) - {None}
             report["created"] += 1
+            report["bare"] += not self._labs_ptrs
 
         def _labs_check(self, where):
-            now = set(_storages(self)) - {None}
+            now = set(_storages(self, deep)) - {None}
             if now != self._labs_ptrs and len(report["violations"]) < 5:
                 report["violations"].append(where)
 

@@ -115,6 +115,14 @@ def test_generate_cache_matches_no_cache(impl):
     assert torch.equal(a, b), f"cached and uncached greedy tokens differ:\n{a}\n{b}"
 
 
+def test_generate_on_a_float64_model(impl):
+    model = make_model(impl).double()
+    ids = torch.randint(0, CFG["vocab_size"], (2, 5), generator=torch.Generator().manual_seed(7))
+    a = impl.generate(model, ids, 6)  # the cache must take the model's dtype, not the default float32
+    b = impl.generate(model, ids, 6, use_cache=False)
+    assert torch.equal(a, b), f"cached and uncached greedy tokens differ on a float64 model:\n{a}\n{b}"
+
+
 def test_left_padded_row_equals_the_prompt_alone(impl):
     model = make_model(impl)
     ids = torch.randint(0, CFG["vocab_size"], (2, 7), generator=torch.Generator().manual_seed(5))

@@ -1,6 +1,7 @@
 """Bug: KVCache.nbytes counts elements, not bytes (element_size forgotten).
 
-Killed by: test_nbytes_equals_formula_and_storage_is_preallocated.
+Killed by: test_nbytes_equals_formula_and_storage_is_preallocated,
+test_nbytes_stays_the_storage_size_after_appends_and_reset.
 """
 MUTATE = [
     ("        self.nbytes = 2 * self.k.numel() * self.k.element_size()\n        self.seq_len = 0\n",

@@ -1,8 +1,8 @@
 """Bug: the causal mask is top-left aligned (j <= i) instead of bottom-right
 (j <= i + S): new tokens cannot see the cached prefix beyond their own index.
 
-Killed by: test_multi_token_appends_match_reference (names the bug),
-test_cached_decode_matches_uncached_every_step.
+Killed by (each names the bug): test_multi_token_appends_match_reference,
+test_cached_decode_matches_uncached_every_step, test_rope_positions_continue_after_cached_length.
 """
 MUTATE = [
     ("allowed = (j <= i + S)[None, None]", "allowed = (j <= i)[None, None]"),
