@@ -111,6 +111,7 @@ class Submission:
     student: str
     path: Path  # the folder or the archive
     entries: tuple[Path, ...] = ()  # when more than one entry is this student's: all of them
+    stray: bool = False  # a file that is no archive: its own row, "unrecognised submission"
 
     @property
     def is_archive(self) -> bool:
@@ -136,7 +137,7 @@ def discover(root: Path) -> tuple[list[Submission], list[str]]:
     A student with several entries (``alice/``, ``alice.zip``, ``alice.tar``) gets one
     ``Submission`` holding them all (``ambiguous``)."""
     found: dict[str, list[Path]] = {}
-    notes = []
+    notes, strays = [], []
     for p in sorted(root.iterdir()):
         if p.name.startswith(".") or p.name in SKIP_NAMES:
             continue
@@ -144,12 +145,16 @@ def discover(root: Path) -> tuple[list[Submission], list[str]]:
             student = p.name
         elif p.is_file() and archive_stem(p.name):
             student = archive_stem(p.name)
+        elif p.is_file():  # a row of its own, named by the whole file name (never merged with a student's)
+            strays.append(Submission(p.name, p, stray=True))
+            continue
         else:
             notes.append(f"skipped {p.name}: neither a folder nor an archive ({', '.join(ARCHIVES)})")
             continue
         found.setdefault(student, []).append(p)
     subs = [Submission(s, ps[0], tuple(ps) if len(ps) > 1 else ()) for s, ps in sorted(found.items())]
-    return subs, notes
+    subs += [s for s in strays if s.student not in found]
+    return sorted(subs, key=lambda s: s.student), notes
 
 
 # --- unpacking safely --------------------------------------------------------
@@ -410,6 +415,11 @@ def _grade_one(sub: Submission, lab: Lab, course: Course, *, timeout_s, sandbox,
         res = _empty_results(lab, sub.student, status, fp, sub.path.parent, scored=False)
         res["extra_data"]["entries"] = [p.name for p in sub.entries]
         return Row(sub.student, status, res, kind=Status.STUDENT_ERROR)
+    if sub.stray:
+        status = (f"unrecognised submission: {sub.path.name} is neither a folder nor an archive "
+                  f"({', '.join(ARCHIVES)}); submit labs/{lab.number}/{lab.filename} in one")
+        return Row(sub.student, status, _empty_results(lab, sub.student, status, fp, sub.path),
+                   time.monotonic() - t0, kind=Status.STUDENT_ERROR)
     with tempfile.TemporaryDirectory(prefix=f"labs-class-{lab.number}-") as tmp:
         work = Path(tmp)
         root = sub.path
@@ -490,8 +500,8 @@ def test_column(test: dict) -> str:
 
 
 def write_csv(path: Path, rows: list[Row], lab: Lab) -> None:
-    """``grades.csv``: the fixed columns, then one column per grader test (points
-    earned), in grader order; rewritten atomically."""
+    """``grades.csv``: the fixed columns, a subtotal per part (``part A``, ...), then one
+    column per grader test (points earned), in grader order; rewritten atomically."""
     columns: list[str] = []
     seen = set()
     for row in sorted(rows, key=lambda r: -len(r.results.get("tests", []))):
@@ -502,14 +512,18 @@ def write_csv(path: Path, rows: list[Row], lab: Lab) -> None:
                 columns.append(c)
     buf = io.StringIO()
     w = csv.writer(buf, lineterminator="\n")
-    w.writerow(FIXED_COLUMNS + columns)
+    w.writerow(FIXED_COLUMNS + [f"part {k}" for k in lab.parts] + columns)
     for row in sorted(rows, key=lambda r: r.student):
         res = row.results
         ed = res.get("extra_data", {})
         per_test = {test_column(t): t["score"] for t in res.get("tests", [])}
+        # a part's subtotal: its tests' points ("A: test_x"), summed as the row's score is
+        parts = {k: round(sum(t["score"] for t in res.get("tests", []) if t["name"].startswith(f"{k}: ")), 4)
+                 for k in lab.parts}
         mr = ed.get("max_score_runnable")
         w.writerow([row.student, lab.number, score_text(res), f"{ed.get('max_score', lab.points):g}",
                     "" if mr is None else f"{mr:g}", row.status]
+                   + [("" if res.get("score") is None else f"{parts[k]:g}") for k in lab.parts]
                    + [("" if c not in per_test else f"{per_test[c]:g}") for c in columns])
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}-")
@@ -649,7 +663,7 @@ def _default_jobs() -> int:
               help="Submissions graded at once (default: half the CPU cores).")
 @click.option("--out", "out_dir", type=click.Path(file_okay=False, path_type=Path), default=None,
               help="Where results go: OUT/grades.csv and OUT/students/<student>/results.json "
-                   "(default: grades-labNN).")
+                   "(default: .labs-staff/grades-labNN, git-ignored and never released).")
 @click.option("--gradebook", default=None, metavar="URL",
               help="Also record part scores in an nbgrader gradebook (sqlite:///gradebook.db, postgresql://...).")
 @click.option("--timeout", "timeout_s", type=float, default=None,
@@ -672,13 +686,13 @@ def grade_all_command(ctx, submissions, lab_number, jobs, out_dir, gradebook, ti
     from rich.markup import escape  # names and statuses are the students' text, never markup
     from rich.table import Table
 
-    from .cli import ExitCode, LabsError, _course, _lab
+    from .cli import ExitCode, LabsError, _course, _lab, staff_output
     course = _course(ctx)
     lab = _lab(course, lab_number)
     if not submissions.is_dir():
         raise LabsError(f"submissions folder {submissions} is not a directory",
                         hint="pass a folder holding one folder or archive per student")
-    out = out_dir or Path(f"grades-lab{lab.number}")
+    out = staff_output(course, out_dir, f"grades-lab{lab.number}", "--out")
     jobs = jobs or _default_jobs()
     if sandbox is None:
         from . import container
@@ -742,6 +756,9 @@ def grade_all_command(ctx, submissions, lab_number, jobs, out_dir, gradebook, ti
             progress.stop()
     for note in run.notes:
         err.print(escape(f"labs: note: {note}"))
+    if not run.rows:
+        err.print(escape(f"labs: warning: {submissions} holds no submission (one folder or archive per student): "
+                         f"nothing was graded"))
 
     table = Table(title=f"Lab {lab.number} — {lab.title}: {len(run.rows)} submission(s)")
     for col, kw in (("Student", {}), ("Score", {"justify": "right"}), ("Max", {"justify": "right"}),

@@ -8,7 +8,9 @@ Data goes to stdout (or ``--json FILE``); errors are one line on stderr,
 from __future__ import annotations
 
 import enum
+import importlib
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -49,7 +51,29 @@ def _course(ctx) -> manifest.Course:
     try:
         return manifest.load(ctx.obj.get("course"))
     except manifest.ManifestError as e:
-        raise LabsError(str(e), hint="run inside the course repository or pass --course DIR") from None
+        raise LabsError(str(e), hint=e.hint or "run inside the course repository or pass --course DIR") from None
+
+
+def staff_output(course: manifest.Course, path: Path | None, default: str, option: str) -> Path:
+    """Where a staff command writes (grades, autograder zips, nbgrader courses): ``path``,
+    else ``<course>/.labs-staff/<default>``. Refused (a usage error naming ``option``): a
+    path inside the course tree but outside ``.labs-staff/`` (a commit or a copy of the
+    tree would take hidden graders or grades along), and a path whose parent folder does
+    not exist (a typo is not silently created)."""
+    root = course.root.resolve()
+    staff = root / manifest.STAFF_DIR
+    if path is None:
+        staff.mkdir(mode=0o700, exist_ok=True)
+        return staff / default
+    out = path.resolve()
+    if (out == root or root in out.parents) and not (out == staff or staff in out.parents):
+        raise LabsError(f"{option} {path} is inside the course tree {root}",
+                        hint=f"staff outputs go to {manifest.STAFF_DIR}/ (the default: git-ignored, never "
+                             f"released) or a folder outside the course")
+    if not out.parent.is_dir():
+        raise LabsError(f"{option} {path}: the folder {out.parent} does not exist",
+                        hint="create it first, or pass a path in an existing folder")
+    return out
 
 
 def _lab(course, number):
@@ -58,6 +82,54 @@ def _lab(course, number):
     except (KeyError, ValueError):
         raise LabsError(f"no lab {number!r} (labs.yaml lists {', '.join(sorted(course.labs))})",
                         hint="`labs list` shows the labs") from None
+
+
+def gpu_points(course: manifest.Course, lab) -> float:
+    """Points of ``lab`` (bonus parts aside) that only a GPU can earn: its grader tests
+    marked ``gpu``, weighted as ``grading.score`` does. 0 without graders (a student
+    checkout). One ``pytest --collect-only`` of every lab's graders, cached in
+    ``.labs-staff/gpu-points.json`` by the graders' and labs.yaml's bytes."""
+    import hashlib
+    import tempfile
+    root = course.root
+    graders = sorted(p for p in (root / "graders").rglob("*.py") if "__pycache__" not in p.parts) \
+        if (root / "graders").is_dir() else []
+    if not (root / "graders" / lab.number).is_dir():
+        return 0.0
+    key = hashlib.sha256((root / manifest.MANIFEST).read_bytes())
+    for p in graders:
+        key.update(p.relative_to(root).as_posix().encode() + b"\0" + p.read_bytes())
+    cache = root / manifest.STAFF_DIR / "gpu-points.json"
+    try:
+        cached = json.loads(cache.read_text())
+        if cached.get("key") == key.hexdigest():
+            return cached["points"].get(lab.number, 0.0)
+    except (OSError, ValueError, AttributeError):
+        pass
+    points = {}
+    with tempfile.TemporaryDirectory(prefix="labs-collect-") as tmp:
+        out = Path(tmp) / "collected.json"
+        cmd = [sys.executable, "-m", "pytest", str(root / "graders"), "--collect-only", "-q", "--labs-results",
+               str(out), "--rootdir", str(root), "-p", "no:cacheprovider", "-o", "addopts=--import-mode=importlib"]
+        env = {**os.environ, "LABS_COURSE": str(root), "LABS_PROGRESS": "off"}
+        subprocess.run(cmd, cwd=root, env=env, capture_output=True, timeout=600)
+        try:
+            raw = json.loads(out.read_text())
+        except (OSError, ValueError):
+            return 0.0
+    for num, spec in course.labs.items():
+        tests = [t for t in raw["tests"] if f"/graders/{num}/" in "/" + t["nodeid"]]
+        try:
+            scored = grading.score({"tests": tests}, spec)
+        except grading.GradingError:
+            continue
+        points[num] = round(sum(t.max_score for t in scored if "gpu" in t.tags and not t.bonus), 1)
+    try:
+        cache.parent.mkdir(mode=0o700, exist_ok=True)
+        cache.write_text(json.dumps({"key": key.hexdigest(), "points": points}))
+    except OSError:
+        pass
+    return points.get(lab.number, 0.0)
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -79,9 +151,10 @@ def list_labs(ctx, as_json):
     course = _course(ctx)
     rows = []
     for num, lab in sorted(course.labs.items()):
+        gpu = gpu_points(course, lab)
         rows.append({"lab": num, "title": lab.title, "module": f"labs/{num}/{lab.filename}",
                      "parts": {k: p.points for k, p in lab.parts.items()}, "points": lab.points,
-                     "gpu": "perf graded on GPU" if lab.perf else "none",
+                     "gpu_points": gpu, "gpu": f"{gpu:g} pts need a GPU" if gpu else "none",
                      "stub": (course.root / "labs" / num / lab.filename).is_file()})
     if as_json:
         click.echo(json.dumps(rows, indent=2))
@@ -145,9 +218,14 @@ def grade(ctx, path, lab_number, json_path, seed, timeout_s, sandbox):
         hint = ("not the submission's fault: fix the grading environment, then grade again"
                 if isinstance(e, grading.InfraFailure) else "check graders/ and labs.yaml")
         raise LabsError(str(e), ExitCode.GRADING_FAILED, hint=hint) from None
-    for note in ([why] if why else []) + result.notes:
+    cause = _one_cause(result, path, lab)
+    for note in ([why] if why else []) + [n for n in result.notes if n not in cause]:
         click.echo(f"labs: note: {note}", err=True)
-    _print_result(result, lab)
+    if cause:  # every test failed the same way: one line, not a row per test
+        click.echo(f"Lab {lab.number} — {lab.title}: {result.submission}: score {result.score:g} / "
+                   f"{result.max_score:g}: {cause}")
+    else:
+        _print_result(result, lab)
     problem = progress.record_grade(result, lab, course)  # local history for `labs progress`
     if problem:
         click.echo(f"labs: warning: progress not recorded ({problem})", err=True)
@@ -190,6 +268,29 @@ def image_build(ctx, gpu, base_image, tag):
     click.echo(f"built {built.tag} on {built.base}: {built.size_bytes / 1e9:.2f} GB, {built.build_s:.0f} s")
 
 
+IMPL_ERRORS = {"missing": "no module", "import": "import error", "api": "api mismatch"}
+
+
+def _one_cause(result: grading.GradeResult, path: Path, lab) -> str:
+    """Why no test could load the implementation, when each that ran failed the same way
+    (``impl_error``): the first message, and for a missing module the near misses in the
+    submission (``GQA.py``, ``gqa_solution.py``). Empty otherwise."""
+    ran = [t for t in result.tests if t.outcome != "skipped"]
+    kinds = {t.impl_error for t in ran}
+    if not ran or len(kinds) != 1 or (kind := kinds.pop()) not in IMPL_ERRORS:
+        return ""
+    text = f"{IMPL_ERRORS[kind]}: {ran[0].output.splitlines()[0] if ran[0].output else kind}"
+    if kind == "missing":
+        import difflib
+        found = sorted({p.relative_to(path).as_posix() for d in (path, path / lab.number, path / "labs" / lab.number)
+                        for p in d.glob("*.py") if p.is_file()})
+        near = [f for f in found if lab.module.lower() in Path(f).stem.lower()
+                or difflib.get_close_matches(Path(f).name.lower(), [lab.filename], n=1, cutoff=0.6)]
+        if near:
+            text += f"; found {', '.join(near)}: the file must be named {lab.filename} exactly"
+    return text
+
+
 def _print_result(result: grading.GradeResult, lab) -> None:
     """The grade table; readable in an 80-column terminal: long test names fold (never
     cut), a parametrized test's case id goes on its own line, messages wrap."""
@@ -215,8 +316,13 @@ def _print_result(result: grading.GradeResult, lab) -> None:
 for _command in progress.COMMANDS:  # labs progress, labs reset
     main.add_command(_command)
 
-from . import classroom, gradescope, nbgrader_export, release  # noqa: E402  (instructor workflow)
-main.add_command(classroom.grade_all_command)   # labs grade-all
-main.add_command(nbgrader_export.nbgrader_group)  # labs nbgrader export
-main.add_command(gradescope.gradescope_group)   # labs gradescope build
-main.add_command(release.release_command)       # labs release
+# the staff commands; a student release has no such modules (harness.release.STAFF_HARNESS)
+for _module, _command in (("classroom", "grade_all_command"),        # labs grade-all
+                          ("nbgrader_export", "nbgrader_group"),     # labs nbgrader export
+                          ("gradescope", "gradescope_group"),        # labs gradescope build
+                          ("release", "release_command")):           # labs release
+    try:
+        main.add_command(getattr(importlib.import_module(f"{__package__}.{_module}"), _command))
+    except ModuleNotFoundError as _e:
+        if _e.name != f"{__package__}.{_module}":
+            raise

@@ -213,23 +213,31 @@ def gradescope_group():
 @gradescope_group.command("build")
 @click.option("--lab", "lab_number", required=True, help="Lab number, e.g. 04.")
 @click.option("--out", "out", type=click.Path(dir_okay=False, path_type=Path), default=None,
-              help="Zip to write (default: gradescope-labNN.zip).")
+              help="Zip to write (default: .labs-staff/gradescope-labNN.zip; never inside the course "
+                   "tree elsewhere: the zip holds the hidden graders).")
 @click.option("--visibility", type=click.Choice(VISIBILITIES), default="after_published", show_default=True,
               help="Gradescope visibility of the hidden grader tests.")
 @click.pass_context
 def build_command(ctx, lab_number, out, visibility):
     """Write the Gradescope autograder zip for a lab (setup.sh, run_autograder, the
     harness and the lab's hidden graders; never solutions/)."""
-    from .cli import ExitCode, LabsError, _course, _lab
+    from .cli import ExitCode, LabsError, _course, _lab, gpu_points, staff_output
     course = _course(ctx)
     lab = _lab(course, lab_number)
-    out = out or Path(f"gradescope-lab{lab.number}.zip")
+    out = staff_output(course, out, f"gradescope-lab{lab.number}.zip", "--out")
     try:
         names = build_zip(course, lab, out, visibility)
     except FileNotFoundError as e:
         raise LabsError(str(e), ExitCode.USAGE, hint="graders/NN/ must exist to build an autograder") from None
     click.echo(f"wrote {out} ({len(names)} files, {out.stat().st_size / 1024:.0f} KiB): upload it as the "
                f"autograder of lab {lab.number}")
+    gpu = gpu_points(course, lab)
+    if gpu:
+        click.echo(f"labs: warning: {gpu:g} of lab {lab.number}'s {lab.points:g} points need a GPU, and "
+                   f"Gradescope's workers have none: those tests show as not run and score 0. Either rescale "
+                   f"the assignment to the runnable maximum ({lab.points - gpu:g} points; results.json "
+                   f"extra_data.max_score_runnable), or grade the GPU tests on the course's GPU runners.",
+                   err=True)
 
 
 @gradescope_group.command("finalize", hidden=True)

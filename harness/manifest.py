@@ -7,6 +7,7 @@ this file: adding lab NN changes no harness code.
 """
 from __future__ import annotations
 
+import ast
 import functools
 import os
 import re
@@ -17,10 +18,16 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 MANIFEST = "labs.yaml"
+STAFF_DIR = ".labs-staff"  # staff outputs and the grading secret: git-ignored, never released
 
 
 class ManifestError(Exception):
-    """``labs.yaml`` is missing or invalid; the message names file and key."""
+    """``labs.yaml`` is missing or invalid; the message (one line) names file and key,
+    ``hint`` says what to fix."""
+
+    def __init__(self, message: str, hint: str = ""):
+        super().__init__(message)
+        self.hint = hint
 
 
 class _Strict(BaseModel):
@@ -152,12 +159,25 @@ def find_root(start: Path | str | None = None) -> Path:
     raise ManifestError(f"no {MANIFEST} in {here} or any parent (run inside the course repository, or set LABS_COURSE)")
 
 
-def _format_error(path: Path, err: ValidationError) -> str:
-    lines = [f"{path}: invalid course manifest"]
-    for e in err.errors():
-        loc = ".".join(str(x) for x in e["loc"])
-        lines.append(f"  {loc}: {e['msg']}")
-    return "\n".join(lines)
+def _format_error(path: Path, err: ValidationError) -> ManifestError:
+    """One line naming every bad key (``labs.04.parts.A.points: ...``), and a hint naming the first."""
+    errors = [(".".join(str(x) for x in e["loc"]) or "(top level)", e["msg"]) for e in err.errors()]
+    listed = "; ".join(f"{loc}: {msg}" for loc, msg in errors)
+    return ManifestError(f"{path}: invalid course manifest: {listed}",
+                         hint=f"fix `{errors[0][0]}` in {path.name}")
+
+
+def _check_tree(course: Course, path: Path) -> None:
+    """A lab whose folder ``labs/NN/`` is in this tree must hold the module ``labs.yaml``
+    names (a tree may hold only some labs: a Gradescope zip, a release with ``--lab``)."""
+    for num, lab in sorted(course.labs.items()):
+        folder = course.root / "labs" / num
+        if folder.is_dir() and not (folder / lab.filename).is_file():
+            there = sorted(p.name for p in folder.glob("*.py") if not p.name.startswith("test_"))
+            raise ManifestError(f"{path}: invalid course manifest: labs.{num}.module: {lab.module!r} names "
+                                f"labs/{num}/{lab.filename}, which does not exist (labs/{num} holds "
+                                f"{', '.join(there) or 'no module'})",
+                                hint=f"fix `labs.{num}.module` in {path.name} or rename the file")
 
 
 @functools.lru_cache(maxsize=8)
@@ -165,13 +185,59 @@ def _load(path: Path, mtime: float) -> Course:
     try:
         data = yaml.safe_load(path.read_text())
     except yaml.YAMLError as e:
-        raise ManifestError(f"{path}: not valid YAML: {e}") from None
+        mark = getattr(e, "problem_mark", None)
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        what = " ".join(str(getattr(e, "problem", None) or e).split())
+        raise ManifestError(f"{path}: not valid YAML{where}: {what}",
+                            hint=f"fix the YAML syntax of {path.name}{where}") from None
     if not isinstance(data, dict):
-        raise ManifestError(f"{path}: expected a mapping at the top level, got {type(data).__name__}")
+        raise ManifestError(f"{path}: expected a mapping at the top level, got {type(data).__name__}",
+                            hint=f"{path.name} holds `name:` and `labs:` keys")
     try:
-        return Course(**data, root=path.parent)
+        course = Course(**data, root=path.parent)
     except ValidationError as e:
-        raise ManifestError(_format_error(path, e)) from None
+        raise _format_error(path, e) from None
+    _check_tree(course, path)
+    return course
+
+
+# --- the stub check (release, nbgrader export) ---------------------------------
+
+def _defs(source: str) -> dict[str, ast.AST]:
+    return {d.name: d for d in ast.parse(source).body
+            if isinstance(d, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))}
+
+
+def _raises_not_implemented(node: ast.AST) -> bool:
+    return any(isinstance(n, ast.Raise) and n.exc is not None and "NotImplementedError" in ast.unparse(n.exc)
+               for n in ast.walk(node))
+
+
+def solved_stub(course: Course, lab: Lab) -> str | None:
+    """Why ``labs/NN/<module>.py`` is not a stub students may get, or None when it is one.
+
+    Each of the lab's ``api`` names in the stub either raises ``NotImplementedError``
+    (a task) or is the reference's own definition (a finished helper such as lab 05's
+    decoder); at least one is a task. So the reference itself, a stub solved by hand
+    and a stub with one task filled in (differing from the reference, raising nothing)
+    are refused. (A task replaced by the reference's exact definition while other tasks
+    remain is not detected.)"""
+    stub_path = course.root / "labs" / lab.number / lab.filename
+    ref_path = course.root / "solutions" / lab.number / lab.filename
+    rel = f"labs/{lab.number}/{lab.filename}"
+    try:
+        stub = _defs(stub_path.read_text())
+        ref = _defs(ref_path.read_text()) if ref_path.is_file() else {}
+    except (OSError, SyntaxError, ValueError) as e:
+        return f"{rel} cannot be checked: {type(e).__name__}: {e}"
+    tasks = [n for n in lab.api if n in stub and _raises_not_implemented(stub[n])]
+    changed = [n for n in lab.api if ref and n in stub and n not in tasks   # without a reference: tasks only
+               and (n not in ref or ast.dump(stub[n]) != ast.dump(ref[n]))]
+    if changed:
+        return f"{rel} looks solved: {', '.join(changed)} raise(s) no NotImplementedError"
+    if not tasks:
+        return f"{rel} looks solved: none of {', '.join(lab.api)} raises NotImplementedError"
+    return None
 
 
 def load(root: Path | str | None = None) -> Course:

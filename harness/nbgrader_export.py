@@ -61,6 +61,7 @@ from pathlib import Path
 
 import click
 
+from . import manifest
 from .manifest import Course, Lab
 
 COURSE_DIR = "labs_course"       # the hidden graders' mini course inside the nbgrader course
@@ -69,6 +70,10 @@ ENV_COURSE = "LABS_NBGRADER_COURSE"
 SCHEMA_VERSION = 3
 MAX_NOTEBOOK_BYTES = 50 << 20    # a bigger submitted notebook is not read
 FEEDBACK_ONLY = "Feedback only: this does not count. Your grade comes from the course's sandboxed grader."
+
+
+class ExportError(Exception):
+    """The export was refused (a lab's stub looks solved); nothing was written."""
 
 
 def assignment_name(lab: Lab) -> str:
@@ -130,12 +135,19 @@ def _cell(kind: str, source: str, nbgrader: dict | None = None) -> dict:
 
 
 _QUICK_START = re.compile(r"^## Quick start\n.*?(?=^## |\Z)", re.M | re.S)
+_CHECKOUT_WORDS = [(re.compile(r"`pytest labs/\d\d[^`]*`"), "the tests"),
+                   (re.compile(r"`labs (grade|test)[^`]*`"), "the grader"),
+                   (re.compile(r"`labs/\d\d/([A-Za-z_]\w*\.py)`"), r"`\1` (the module cell)")]
 
 
 def notebook_handout(readme: str) -> str:
-    """The lab's README for a notebook student: without its "Quick start" section
-    (``pytest labs/NN``, ``labs grade``: commands of a checkout, not of a notebook)."""
-    return _QUICK_START.sub("", readme)
+    """The lab's README for a notebook student: without its "Quick start" section and
+    with the checkout's commands and paths (``pytest labs/NN``, ``labs grade``,
+    ``labs/NN/<module>.py``) said in a notebook's words."""
+    text = _QUICK_START.sub("", readme)
+    for pattern, words in _CHECKOUT_WORDS:
+        text = pattern.sub(words, text)
+    return text
 
 
 def feedback_cell_source(lab: Lab, key: str) -> str:
@@ -218,7 +230,6 @@ c.Execute.timeout = {timeout}
 def export_course(course: Course, dest: Path, labs: list[Lab] | None = None) -> list[str]:
     """Write the nbgrader course for ``labs`` (default: every lab with a stub, a
     reference and graders) into ``dest``. Returns notes on what was skipped or kept."""
-    dest.mkdir(parents=True, exist_ok=True)
     notes = []
     chosen = []
     for lab in labs or [course.labs[k] for k in sorted(course.labs)]:
@@ -228,6 +239,11 @@ def export_course(course: Course, dest: Path, labs: list[Lab] | None = None) -> 
             notes.append(f"lab {lab.number} left out: no {', '.join(missing)}")
             continue
         chosen.append(lab)
+    for lab in chosen:  # checked before anything is written: a solved stub would be what students get
+        why = manifest.solved_stub(course, lab)
+        if why:
+            raise ExportError(f"nbgrader export refused: {why}")
+    dest.mkdir(exist_ok=True)
     hidden = dest / COURSE_DIR
     if hidden.exists():
         shutil.rmtree(hidden)
@@ -281,7 +297,7 @@ def feedback_part(lab_number: str, part: str, filename: str, *, timeout_s: float
     installed here. Returns nothing, and never counts: this runs in the
     student's kernel, where any earlier cell can change what it does. Never
     writes to stderr and never raises for the student's fault."""
-    from . import grading, manifest
+    from . import grading
     print(FEEDBACK_ONLY)
     try:
         with warnings.catch_warnings():
@@ -490,21 +506,28 @@ def nbgrader_group():
 
 
 @nbgrader_group.command("export")
-@click.argument("dest", type=click.Path(file_okay=False, path_type=Path))
+@click.argument("dest", type=click.Path(file_okay=False, path_type=Path), required=False)
 @click.option("--lab", "lab_numbers", multiple=True, help="Export only this lab (repeatable; default: all).")
 @click.pass_context
 def export_command(ctx, dest, lab_numbers):
-    """Write an nbgrader course to DEST: nbgrader_config.py, source/labNN/labNN.ipynb
-    per lab (the reference in a solution region, feedback cells that do not count)
-    and the hidden graders in DEST/labs_course/.
+    """Write an nbgrader course to DEST (default: .labs-staff/nbgrader; never elsewhere
+    inside the course tree): nbgrader_config.py, source/labNN/labNN.ipynb per lab (the
+    reference in a solution region, feedback cells that do not count) and the hidden
+    graders in DEST/labs_course/. A lab whose stub looks solved is refused, before
+    anything is written.
 
     Grades: `nbgrader generate_assignment labNN`, `nbgrader collect labNN`, then
     `labs nbgrader collect-modules DEST --lab NN` and `labs grade-all ... --gradebook`.
     """
-    from .cli import _course, _lab
+    from .cli import LabsError, _course, _lab, staff_output
     course = _course(ctx)
     labs = [_lab(course, n) for n in lab_numbers] or None
-    notes = export_course(course, dest, labs)
+    dest = staff_output(course, dest, "nbgrader", "DEST")
+    try:
+        notes = export_course(course, dest, labs)
+    except ExportError as e:
+        raise LabsError(str(e), hint="restore the stub (git checkout -- labs/NN/<module>.py, or git stash), "
+                                     "then export again; nothing was written") from None
     for note in notes:
         click.echo(f"labs: note: {note}", err=True)
     written = sorted(p.relative_to(dest) for p in (dest / "source").glob("*/*.ipynb"))

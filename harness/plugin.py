@@ -192,7 +192,10 @@ def pytest_configure(config):
     root = _course_root(config)
     if root is None:
         return  # not a course tree: stay inert
-    course = _manifest.load(root)
+    try:
+        course = _manifest.load(root)
+    except _manifest.ManifestError as e:  # one line and a hint, not an INTERNALERROR traceback
+        raise pytest.UsageError(f"labs: {e}" + (f"\n  hint: {e.hint}" if e.hint else "")) from None
     config.stash[_state_key] = _LabsState(config, course)
     _triton_interpreter_without_cuda(course)
     if config.pluginmanager.hasplugin("xdist") and not hasattr(config, "workerinput"):

@@ -8,9 +8,12 @@ What is recorded
     max score, per-test points and perf ratios), written by ``record_grade``
     from the CLI once -- the grader child process records nothing.
 
-Not recorded: the hidden graders' own pytest runs (``--labs-results``), runs of
-the reference (``--impl solution``, ``labs grade solutions``), runs with no
-test under ``labs/NN``, and pytest runs spawned from inside another test run
+Progress is the student's own: keyed by the checkout (the course root), so two
+checkouts of one course keep separate histories, and recorded only for the
+checkout's own code. Not recorded: the hidden graders' own pytest runs
+(``--labs-results``), runs of any other implementation (``--impl solution``,
+``--impl PATH``), ``labs grade`` of any path but the checkout (``.`` or ``labs``),
+runs with no test under ``labs/NN``, and pytest runs spawned from inside another test run
 (``PYTEST_CURRENT_TEST`` inherited: the framework's own tests) unless
 ``LABS_PROGRESS_DB`` names a store explicitly.
 
@@ -43,7 +46,7 @@ from pathlib import Path
 import click
 import pytest
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2  # 2: the runs_checkout_lab index (progress keyed by checkout)
 APP_NAME = "ai-infra-labs"
 DB_FILENAME = "progress.sqlite3"
 BUSY_TIMEOUT_S = 5.0   # per attempt; a transaction holds the lock for milliseconds
@@ -53,7 +56,7 @@ _SCHEMA = """
 CREATE TABLE IF NOT EXISTS runs (
     id          INTEGER PRIMARY KEY,
     course      TEXT NOT NULL,            -- labs.yaml `name`
-    course_root TEXT,
+    course_root TEXT,                     -- the checkout: progress is keyed by it
     lab         TEXT NOT NULL,            -- "04"
     kind        TEXT NOT NULL CHECK (kind IN ('visible', 'grade')),
     started     REAL NOT NULL,            -- unix seconds
@@ -88,6 +91,7 @@ CREATE TABLE IF NOT EXISTS perf (
     ratio       REAL NOT NULL             -- student time / baseline time: lower is better
 );
 CREATE INDEX IF NOT EXISTS runs_course_lab ON runs (course, lab, started);
+CREATE INDEX IF NOT EXISTS runs_checkout_lab ON runs (course_root, lab, started);
 CREATE INDEX IF NOT EXISTS results_run ON results (run_id);
 CREATE INDEX IF NOT EXISTS perf_run ON perf (run_id);
 """
@@ -235,9 +239,15 @@ def record_runs(records: list[RunRecord], path: Path | None = None) -> list[int]
         raise ProgressError(f"cannot write {path}: {e}") from None
 
 
-def load_runs(course_name: str, lab: str | None = None, path: Path | None = None) -> list[dict]:
-    """Every recorded run of ``course_name`` (optionally one lab), oldest first, each
-    with its ``tests`` (part, nodeid, name, outcome, ...) and ``perf`` rows."""
+def checkout(course) -> str:
+    """The key of a student's progress: their checkout (the course root, resolved), not
+    the course's name: two checkouts of one course keep two histories."""
+    return str(Path(course.root).resolve())
+
+
+def load_runs(checkout_root: str, lab: str | None = None, path: Path | None = None) -> list[dict]:
+    """Every recorded run in the checkout ``checkout_root`` (optionally one lab), oldest
+    first, each with its ``tests`` (part, nodeid, name, outcome, ...) and ``perf`` rows."""
     path = Path(path) if path is not None else db_path()
     if not path.is_file():
         return []
@@ -247,7 +257,7 @@ def load_runs(course_name: str, lab: str | None = None, path: Path | None = None
         try:
             if not con.execute("SELECT 1 FROM sqlite_master WHERE name = 'runs'").fetchone():
                 return []
-            where, args = "course = ?", [course_name]
+            where, args = "course_root = ?", [checkout_root]
             if lab is not None:
                 where += " AND lab = ?"
                 args.append(lab)
@@ -268,12 +278,12 @@ def load_runs(course_name: str, lab: str | None = None, path: Path | None = None
         raise ProgressError(f"cannot read {path}: {e}") from None
 
 
-def delete_runs(course_name: str, lab: str | None = None, path: Path | None = None) -> int:
-    """Delete the recorded runs of ``course_name`` (optionally one lab). Returns how many."""
+def delete_runs(checkout_root: str, lab: str | None = None, path: Path | None = None) -> int:
+    """Delete the recorded runs of the checkout ``checkout_root`` (optionally one lab). Returns how many."""
     path = Path(path) if path is not None else db_path()
     if not path.is_file():
         return 0
-    where, args = "course = ?", [course_name]
+    where, args = "course_root = ?", [checkout_root]
     if lab is not None:
         where += " AND lab = ?"
         args.append(lab)
@@ -293,19 +303,21 @@ def delete_runs(course_name: str, lab: str | None = None, path: Path | None = No
 # --- recording a local grade (called by `labs grade`) ----------------------------
 
 def record_grade(result, lab, course, path: Path | None = None) -> str | None:
-    """Record a finished ``grading.GradeResult``. Returns None when recorded or
-    deliberately skipped (recording off, the reference solution graded), else
-    the reason it could not be recorded (the caller prints it as a warning)."""
+    """Record a finished ``grading.GradeResult`` of the student's own checkout (``labs grade .``
+    or ``labs grade labs``). Returns None when recorded or deliberately skipped (recording
+    off; any other path: the reference, a classmate's folder, staff grading a submission),
+    else the reason it could not be recorded (the caller prints it as a warning)."""
     if not recording_enabled():
         return None
-    submission = Path(result.submission)
-    if course.root is not None and submission.resolve() == (Path(course.root) / "solutions").resolve():
-        return None  # staff grading the reference is not a student's attempt
+    submission = Path(result.submission).resolve()
+    root = Path(checkout(course))
+    if submission not in (root, root / "labs"):
+        return None  # not this checkout's own code: not "your" grade
     tests = [TestRecord(nodeid=t.nodeid, name=t.name, part=t.part, outcome=t.outcome, duration_s=t.duration_s,
                         score=t.score, max_score=t.max_score,
                         perf=[{"name": p["name"], "ratio": p["ratio"]} for p in t.perf if p.get("ratio") is not None])
              for t in result.tests]
-    rec = RunRecord(course=course.name, course_root=str(course.root), lab=lab.number, kind="grade",
+    rec = RunRecord(course=course.name, course_root=str(root), lab=lab.number, kind="grade",
                     started=time.time() - result.duration_s, duration_s=result.duration_s, impl=str(submission),
                     seed=result.seed, score=result.score, max_score=result.max_score,
                     max_score_runnable=result.max_score_runnable, tests=tests)
@@ -341,8 +353,8 @@ def should_record(config, impl_spec: str) -> bool:
     """The plugin's test: record this pytest run's visible tests?"""
     if config.getoption("labs_results", None):
         return False  # the hidden-grader child of `labs grade`: the CLI records the grade
-    if impl_spec == "solution":
-        return False
+    if impl_spec != "student":
+        return False  # the reference or another folder (--impl PATH): not the student's own code
     return recording_enabled()
 
 
@@ -410,7 +422,7 @@ class ProgressRecorder(PartAnnotator):
             if t.outcome == "pending":
                 t.outcome = "not run"
             rec = by_lab.setdefault(lab, RunRecord(
-                course=self.course.name, course_root=str(self.course.root), lab=lab, kind="visible",
+                course=self.course.name, course_root=checkout(self.course), lab=lab, kind="visible",
                 started=self.started, duration_s=duration, impl=self.impl_spec, seed=self.seed))
             rec.tests.append(t)
         return list(by_lab.values())
@@ -478,7 +490,7 @@ def summarize(course, path: Path | None = None, lab: str | None = None) -> dict:
     local grade, best perf ratio per metric (lower is better), attempts, first and
     last attempt (unix seconds). Also each lab's ``history`` for the plots."""
     path = Path(path) if path is not None else db_path()
-    runs = load_runs(course.name, lab, path)
+    runs = load_runs(checkout(course), lab, path)
     labs = []
     for num, spec in sorted(course.labs.items()):
         if lab is not None and num != lab:
@@ -491,7 +503,7 @@ def summarize(course, path: Path | None = None, lab: str | None = None) -> dict:
                               "score": r["score"], "max_score": r["max_score"],
                               "perf": _best_perf(r["perf"])} for r in lab_runs]}
         labs.append(entry)
-    return {"course": course.name, "db": str(path), "labs": labs}
+    return {"course": course.name, "checkout": checkout(course), "db": str(path), "labs": labs}
 
 
 def _cells(s: dict, short: bool = False) -> list[str]:
@@ -670,7 +682,7 @@ def reset_command(ctx, lab_number, yes):
     lab = cli._lab(course, lab_number).number if lab_number else None
     what = f"lab {lab}" if lab else f"every lab of {course.name}"
     try:
-        n = len(load_runs(course.name, lab))
+        n = len(load_runs(checkout(course), lab))
     except ProgressError as e:
         raise cli.LabsError(str(e)) from None
     if n == 0:
@@ -679,7 +691,7 @@ def reset_command(ctx, lab_number, yes):
     if not yes:
         click.confirm(f"Delete {n} recorded run(s) of {what} from {db_path()}?", abort=True)
     try:
-        deleted = delete_runs(course.name, lab)
+        deleted = delete_runs(checkout(course), lab)
     except ProgressError as e:
         raise cli.LabsError(str(e)) from None
     click.echo(f"deleted {deleted} recorded run(s) of {what}")

@@ -1,106 +1,214 @@
-"""``labs release OUT/``: the student repository.
+"""``labs release OUT/``: the student repository, as an allow-list.
 
-Everything in the course tree that git would track (``git ls-files``, or a walk
-skipping virtual environments and caches outside a git checkout) except what is
-for staff only:
+A release is an ordered list of small steps; nothing is written until every
+check has passed:
 
-* ``solutions/`` and ``graders/`` (references and hidden graders),
-* ``tests/`` (the framework's own tests, its mutants and exploits: they read
-  the solutions and graders), ``scripts/demo.py`` (grades the references) and
-  ``.ci/``, ``.labs-staff/`` (the course's grading secret),
-* anything matched by ``--exclude`` (fnmatch on the posix path).
-
-``pyproject.toml``'s pytest ``testpaths`` then points at ``labs`` (``tests``
-is gone), so a plain ``pytest`` runs the visible tests. Without the graders,
-``labs grade`` in the released repository says that there are no hidden graders.
-``--lab NN`` (repeatable) releases only those labs' folders. The result is
-checked: no excluded path and no reference module may be in it.
+1. ``course_files``  the files git tracks (plus the untracked ones, only to list
+                     them as refused); outside a git checkout, a walk;
+2. ``select``        keep only ``ALLOW``: ``labs.yaml``, each listed lab's
+                     ``labs/NN/`` (handout, stub, visible tests), the harness
+                     modules students run (not ``STAFF_HARNESS``: grade-all,
+                     Gradescope, nbgrader, release), ``pyproject.toml``, the lock
+                     (``docker/*.lock``, ``docker/torch-*.txt``) and
+                     ``.gitignore``; every other path is refused with its reason;
+3. ``generated``     what is written for students instead of the staff's own:
+                     ``README.md`` (``templates/student-README.md``),
+                     ``Makefile`` (``templates/student.mk``: setup, test, clean)
+                     and ``pyproject.toml`` (pytest ``testpaths = ["labs"]``,
+                     without the staff-only ``nbgrader`` extra);
+4. ``check``         no kept path matches ``FORBIDDEN`` (graders, solutions,
+                     notebooks, grade files, archives, staff outputs), no kept file
+                     is a copy of a reference module, holds a solution region or
+                     the course secret, and every released stub is a stub
+                     (``manifest.solved_stub``);
+5. ``write``         into a temporary folder next to OUT, moved into place only
+                     when complete: a refused or failed release leaves nothing at OUT.
 """
 from __future__ import annotations
 
 import fnmatch
 import hashlib
+import os
 import re
 import shutil
+import string
 import subprocess
+import tempfile
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import click
 
+from . import manifest
 from .manifest import Course
 
-STAFF_ONLY = ["solutions/*", "graders/*", "tests/*", "scripts/demo.py", ".ci/*", ".github/*",
-              ".labs-staff/*"]  # the course secret (harness.grading.course_secret)
+TEMPLATES = Path(__file__).resolve().parent / "templates"
+# (pattern, what it is): fnmatch on the posix path; labs/NN/ only for labs in labs.yaml (and --lab)
+ALLOW = [("labs.yaml", "the course manifest"), ("labs/*/*", "a lab: handout, stub, visible tests"),
+         ("harness/*.py", "the framework"), ("harness/sandbox/*.py", "the framework"),
+         ("pyproject.toml", "the package (rewritten for students)"), ("docker/*.lock", "the lock"),
+         ("docker/torch-*.txt", "the lock"), (".gitignore", "git's ignore list")]
+STAFF_HARNESS = {"harness/classroom.py", "harness/gradescope.py", "harness/nbgrader_export.py",
+                 "harness/release.py"}  # staff commands: the student CLI goes without them
+FORBIDDEN = ["solutions/*", "graders/*", "tests/*", f"{manifest.STAFF_DIR}/*", "*.ipynb", "*.zip", "*.db",
+             "*grades*.csv", "*results*.json", "*submissions/*", "scripts/demo.py", "harness/templates/*"]
+REASONS = {"solutions": "reference solutions", "graders": "hidden graders",
+           "tests": "the framework's own tests, mutants and exploits", manifest.STAFF_DIR: "staff outputs and the grading secret",
+           "scripts": "staff scripts (make demo)", "docs": "staff documentation", ".ci": "CI",
+           "README.md": "the staff README (a student README is written instead)",
+           "Makefile": "the staff Makefile (a student Makefile is written instead)"}
+GROUPED = set(REASONS.values()) | {"not tracked by git", "--exclude"}  # listed per top folder, not per file
 NEVER = {".venv", "venv", "__pycache__", ".pytest_cache", ".git", ".mypy_cache", ".ruff_cache",
          "node_modules", ".ipynb_checkpoints"}
 
 
-def course_files(root: Path) -> list[str]:
-    """Posix paths (relative to ``root``) of the files the course tree holds:
-    tracked and untracked-but-not-ignored files in a git checkout, else a walk."""
-    try:
-        out = subprocess.run(["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
-                             cwd=root, capture_output=True, check=True, timeout=60).stdout
-        names = [n for n in out.decode().split("\0") if n]
-        top = subprocess.run(["git", "rev-parse", "--show-prefix"], cwd=root, capture_output=True,
-                             text=True, check=True, timeout=60).stdout.strip()
-        if top:  # the course lives in a subfolder of the repository
-            names = [n[len(top):] for n in names if n.startswith(top)]
+class ReleaseError(Exception):
+    """The release was refused (a check failed) or could not be written; nothing is at OUT."""
+
+    def __init__(self, message: str, hint: str = ""):
+        super().__init__(message)
+        self.hint = hint
+
+
+def course_files(root: Path) -> tuple[list[str], set[str]]:
+    """``(names, untracked)``: posix paths (relative to ``root``) of the course's files, and
+    those git does not track (ignored files are not listed). Outside git: a walk, all tracked."""
+    def git(*args) -> str:
+        return subprocess.run(["git", *args], cwd=root, capture_output=True, check=True, timeout=60).stdout.decode()
+    try:  # paths relative to root, also when the course is a subfolder of its repository
+        tracked = set(git("ls-files", "-z", "--cached").split("\0")) - {""}
+        others = set(git("ls-files", "-z", "--others", "--exclude-standard").split("\0")) - {""}
     except (OSError, subprocess.CalledProcessError, subprocess.TimeoutExpired):
-        names = [p.relative_to(root).as_posix() for p in root.rglob("*") if p.is_file()]
-    return sorted(n for n in names if (root / n).is_file() and not (set(n.split("/")) & NEVER)
-                  and not n.endswith(".pyc"))
+        tracked, others = {p.relative_to(root).as_posix() for p in root.rglob("*") if p.is_file()}, set()
+    keep = lambda n: (root / n).is_file() and not (set(n.split("/")) & NEVER) and not n.endswith(".pyc")
+    return sorted(n for n in tracked | others if keep(n)), {n for n in others if keep(n)}
 
 
-def select(names: list[str], course: Course, labs: list[str] | None = None,
-           exclude: list[str] = ()) -> tuple[list[str], list[str]]:
-    """``(kept, dropped)``: the student files, and the staff-only ones left out."""
-    patterns = STAFF_ONLY + list(exclude)
-    kept, dropped = [], []
+def select(names: list[str], untracked: set[str], course: Course, labs: list[str] | None = None,
+           exclude: list[str] = ()) -> tuple[list[str], dict[str, str]]:
+    """``(kept, refused)``: the allow-listed student files, and every other path with its reason."""
+    kept, refused = [], {}
+    wanted = set(labs if labs is not None else course.labs)
     for n in names:
         parts = n.split("/")
-        staff = any(fnmatch.fnmatch(n, p) for p in patterns)
-        other_lab = (labs is not None and len(parts) > 2 and parts[0] == "labs" and parts[1] not in labs)
-        (dropped if staff or other_lab else kept).append(n)
-    return kept, dropped
+        rule = next((why for pat, why in ALLOW if fnmatch.fnmatch(n, pat)), None)
+        if n in untracked:
+            refused[n] = "not tracked by git"
+        elif any(fnmatch.fnmatch(n, p) for p in exclude):
+            refused[n] = "--exclude"
+        elif rule is None or n in STAFF_HARNESS:
+            refused[n] = REASONS.get(parts[0]) or ("staff commands" if n in STAFF_HARNESS else "not on the allow-list")
+        elif parts[0] == "labs" and parts[1] not in wanted:
+            refused[n] = f"lab {parts[1]} is not released" if parts[1] in course.labs else \
+                f"labs/{parts[1]} is not a lab in labs.yaml"
+        else:
+            kept.append(n)
+    return kept, refused
 
 
-def _student_pyproject(text: str) -> str:
-    return re.sub(r'^testpaths\s*=\s*\[[^\]]*\]', 'testpaths = ["labs"]', text, count=1, flags=re.M)
+def student_pyproject(text: str) -> str:
+    """The staff ``pyproject.toml`` for students: ``pytest`` runs ``labs``, no staff-only extra."""
+    text = re.sub(r'^(#[^\n]*\n)?testpaths\s*=[^\n]*$',
+                  '# `pytest` runs every lab\'s visible tests; `pytest labs/NN` those of one lab.\ntestpaths = ["labs"]',
+                  text, count=1, flags=re.M)
+    text = re.sub(r'^norecursedirs\s*=.*$', 'norecursedirs = [".venv"]', text, count=1, flags=re.M)
+    text = re.sub(r'^(#[^\n]*\n)?nbgrader\s*=[^\n]*\n', '', text, flags=re.M)  # the extra and its comment
+    return re.sub(r'^\s*"docker:[^\n]*\n', '', text, flags=re.M)  # a marker of the framework's tests
+
+
+def student_readme(course: Course, labs: list[str]) -> str:
+    rows = "\n".join(f"| {n} | {course.labs[n].title} | `labs/{n}/{course.labs[n].filename}` | "
+                     f"{course.labs[n].points:g} |" for n in labs)
+    tpl = string.Template((TEMPLATES / "student-README.md").read_text())
+    return tpl.substitute(course=course.name, labs=rows, first=labs[0] if labs else "01")
+
+
+@dataclass
+class Plan:
+    """What a release writes (``files``: path -> bytes) and what it refused (path -> reason)."""
+    files: dict[str, bytes] = field(default_factory=dict)
+    refused: dict[str, str] = field(default_factory=dict)
+
+
+def plan(course: Course, labs: list[str] | None = None, exclude: list[str] = ()) -> Plan:
+    """Steps 1-4 (see the module docstring): every byte to write, checked; raises ReleaseError."""
+    root = course.root.resolve()
+    names, untracked = course_files(root)
+    kept, refused = select(names, untracked, course, labs, exclude)
+    files = {n: (root / n).read_bytes() for n in kept}
+    released = sorted({n.split("/")[1] for n in kept if n.startswith("labs/")})
+    if "pyproject.toml" in files:
+        files["pyproject.toml"] = student_pyproject(files["pyproject.toml"].decode()).encode()
+    files["README.md"] = student_readme(course, released).encode()
+    if (root / "Makefile").is_file():
+        files["Makefile"] = (TEMPLATES / "student.mk").read_bytes()
+    check(course, files, released)
+    return Plan(files, refused)
+
+
+def check(course: Course, files: dict[str, bytes], released: list[str]) -> None:
+    """Step 4: raise ReleaseError naming the first problem (see the module docstring)."""
+    root = course.root
+    for lab in (course.labs[n] for n in released):
+        if f"labs/{lab.number}/{lab.filename}" in files:
+            why = manifest.solved_stub(course, lab)
+            if why:
+                raise ReleaseError(f"release refused: {why}",
+                                   hint=f"restore the stub (git checkout -- labs/{lab.number}/{lab.filename}, "
+                                        f"or git stash), then release again; nothing was written")
+    refs = {hashlib.sha256(p.read_bytes()).hexdigest(): p.relative_to(root).as_posix()
+            for p in (root / "solutions").rglob("*.py") if p.is_file() and p.stat().st_size > 200}
+    secret = (root / manifest.STAFF_DIR / "course-secret")
+    secret = secret.read_bytes().strip() if secret.is_file() else b""
+    for n, data in files.items():
+        bad = next((p for p in FORBIDDEN if fnmatch.fnmatch(n, p)), None)
+        why = (f"{n} matches the staff-only pattern {bad}" if bad else
+               f"{n} is a copy of the reference {refs[d]}" if (d := hashlib.sha256(data).hexdigest()) in refs else
+               f"{n} holds a solution region (### BEGIN SOLUTION)" if b"### BEGIN SOLUTION" in data else
+               f"{n} holds the course's grading secret" if secret and secret in data else "")
+        if why:
+            raise ReleaseError(f"release refused: {why}", hint=f"move {n} out of the course tree (or git rm it), "
+                                                               f"then release again; nothing was written")
+
+
+def write(out: Path, files: dict[str, bytes]) -> None:
+    """Step 5: write ``files`` into a temporary folder next to ``out``, then move it into place."""
+    tmp = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name}.tmp-"))
+    old = None
+    try:
+        for n, data in files.items():
+            dest = tmp / n
+            dest.parent.mkdir(parents=True, exist_ok=True)
+            dest.write_bytes(data)
+        if out.exists():
+            old = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name}.old-"))
+            os.rename(out, old)  # onto the empty folder just made
+        os.rename(tmp, out)
+    except OSError as e:
+        shutil.rmtree(tmp, ignore_errors=True)
+        if old is not None and not out.exists():
+            os.rename(old, out)
+        raise ReleaseError(f"cannot write {out}: {e}") from None
+    if old is not None:
+        shutil.rmtree(old, ignore_errors=True)
 
 
 def release(course: Course, out: Path, *, labs: list[str] | None = None, exclude: list[str] = (),
-            force: bool = False) -> tuple[list[str], list[str]]:
-    """Write the student repository to ``out``. Returns ``(written, dropped)``.
-
-    Raises FileExistsError when ``out`` is not empty (``force`` replaces it) and
-    ValueError when ``out`` is inside the course tree or a check fails."""
+            force: bool = False) -> Plan:
+    """Write the student repository to ``out`` (see the module docstring); returns the plan.
+    Raises ReleaseError (nothing written) for a bad ``out`` or a failed check."""
     root = course.root.resolve()
     out = out.resolve()
     if out == root or root in out.parents:
-        raise ValueError(f"{out} is inside the course tree {root}; release to a folder outside it")
-    if out.exists() and any(out.iterdir()):
-        if not force:
-            raise FileExistsError(f"{out} is not empty (--force replaces it)")
-        shutil.rmtree(out)
-    kept, dropped = select(course_files(root), course, labs, exclude)
-    for n in kept:
-        dest = out / n
-        dest.parent.mkdir(parents=True, exist_ok=True)
-        if n == "pyproject.toml":
-            dest.write_text(_student_pyproject((root / n).read_text()))
-        else:
-            shutil.copy2(root / n, dest)
-    # the check: no staff path, no copy of a reference module under any name
-    refs = {hashlib.sha256(p.read_bytes()).hexdigest(): p for p in (root / "solutions").rglob("*.py")
-            if p.is_file() and p.stat().st_size > 200} if (root / "solutions").is_dir() else {}
-    for n in kept:
-        if any(fnmatch.fnmatch(n, p) for p in STAFF_ONLY):
-            raise ValueError(f"release check: staff-only {n} was copied")
-        digest = hashlib.sha256((out / n).read_bytes()).hexdigest()
-        if digest in refs:
-            raise ValueError(f"release check: {n} is a copy of the reference {refs[digest].relative_to(root)}")
-    return kept, dropped
+        raise ReleaseError(f"OUT {out} is inside the course tree {root}", hint="release to a folder outside it")
+    if not out.parent.is_dir():
+        raise ReleaseError(f"OUT {out}: the folder {out.parent} does not exist", hint="create it first")
+    if out.exists() and (not out.is_dir() or (any(out.iterdir()) and not force)):
+        raise ReleaseError(f"OUT {out} is not empty (--force replaces it)",
+                           hint="release into a new, empty folder outside the course")
+    p = plan(course, labs, exclude)
+    write(out, p.files)
+    return p
 
 
 @click.command("release")
@@ -110,19 +218,27 @@ def release(course: Course, out: Path, *, labs: list[str] | None = None, exclude
 @click.option("--force", is_flag=True, help="Replace OUT when it is not empty.")
 @click.pass_context
 def release_command(ctx, out, labs, exclude, force):
-    """Write the student repository to OUT: the course without solutions/, graders/,
-    the framework's tests (mutants, exploits) and other staff-only files.
+    """Write the student repository to OUT: only the student-facing files git tracks
+    (labs.yaml, labs/NN/, the harness students run, the lock), a student README and
+    Makefile; every check runs before anything is written.
 
-    In OUT, `make setup` (or `pip install -e .`) and `pytest labs/NN` run the
-    visible tests on the stubs.
+    In OUT, `make setup` and `pytest labs/NN` run the visible tests on the stubs.
     """
     from .cli import LabsError, _course, _lab
     course = _course(ctx)
     numbers = [_lab(course, n).number for n in labs] or None
     try:
-        kept, dropped = release(course, out, labs=numbers, exclude=list(exclude), force=force)
-    except (FileExistsError, ValueError) as e:
-        raise LabsError(str(e), hint="release into a new, empty folder outside the course") from None
-    tops = sorted({n.split("/")[0] for n in dropped})
-    click.echo(f"wrote {len(kept)} files to {out}; left out {len(dropped)} staff-only files "
-               f"({', '.join(tops) if tops else 'none'})")
+        p = release(course, out, labs=numbers, exclude=list(exclude), force=force)
+    except ReleaseError as e:
+        raise LabsError(str(e), hint=e.hint) from None
+    click.echo(f"wrote {len(p.files)} files to {out}:")
+    for n in sorted(p.files):
+        click.echo(f"  {n}")
+    groups: dict[tuple[str, str], int] = {}
+    for n, why in p.refused.items():
+        top = n.split("/")[0] + ("/" if "/" in n else "")
+        key = (top if why in GROUPED else n, why)
+        groups[key] = groups.get(key, 0) + 1
+    click.echo(f"refused {len(p.refused)} files (not student-facing):")
+    for (what, why), count in sorted(groups.items()):
+        click.echo(f"  {what}" + (f" ({count} files)" if count > 1 else "") + f": {why}")

@@ -96,16 +96,16 @@ def test_find_module_prefers_checkout_then_shallowest(toy_course, tmp_path):
     assert classroom.find_module(tmp_path / "empty", lab) is None
 
 
-def test_discover_names_students_and_skips_strays(tmp_path):
+def test_discover_names_students_and_gives_strays_their_own_row(tmp_path):
     for d in ("alice", "bob", ".hidden", "__MACOSX"):
         (tmp_path / d).mkdir()
     for f in ("carol.zip", "dave.tar.gz", "erin.tgz", "notes.txt", "bob.zip"):
         (tmp_path / f).write_bytes(b"")
     subs, notes = classroom.discover(tmp_path)
-    assert [s.student for s in subs] == ["alice", "bob", "carol", "dave", "erin"]
+    assert [s.student for s in subs] == ["alice", "bob", "carol", "dave", "erin", "notes.txt"]
     assert [s.student for s in subs if s.ambiguous] == ["bob"]  # bob/ and bob.zip: one row, graded neither
     assert [p.name for p in subs[1].entries] == ["bob", "bob.zip"] and not subs[0].entries
-    assert [n for n in notes if "notes.txt" in n] and not [n for n in notes if "bob" in n]
+    assert [s.student for s in subs if s.stray] == ["notes.txt"] and not notes  # a row: "unrecognised submission"
 
 
 def _result(stopped="", outputs=("",), outcome="failed", impl_error=""):
@@ -272,12 +272,16 @@ def test_grade_all_class_of_23_killed_then_resumed(toy_course, tmp_path):
     assert set(rows) == set(want)
     header = next(csv.reader((out / "grades.csv").open()))
     assert header[:6] == ["student", "lab", "score", "max", "max_runnable", "status"]
-    assert header[6:] == ["A: test_adds", "A: test_default", "A: test_on_gpu", "B: test_speed"]
+    assert header[6:] == ["part A", "part B", "A: test_adds", "A: test_default", "A: test_on_gpu", "B: test_speed"]
     for s, (score, status) in want.items():
         r = rows[s]
         assert r["status"].startswith(status), (s, r["status"])
         assert r["lab"] == "07" and float(r["max"]) == 10
         assert float(r["score"]) == pytest.approx(score), (s, r)
+        if r["score"]:  # rows without a score (ambiguous, infra_error) have no subtotals either
+            assert float(r["part A"]) + float(r["part B"]) == pytest.approx(float(r["score"]))
+        else:
+            assert r["part A"] == r["part B"] == ""
         res = json.loads((out / "students" / s / "results.json").read_text())
         assert res["extra_data"]["status"] == r["status"] and res["score"] == pytest.approx(float(r["score"]))
         if r["status"].startswith(("unpack error", "no module")):
@@ -285,7 +289,7 @@ def test_grade_all_class_of_23_killed_then_resumed(toy_course, tmp_path):
         else:
             # tests a stopped run never reached count as runnable (they could have run here)
             assert float(r["max_runnable"]) == (8.5 if not r["status"].startswith(("timeout", "crashed")) else 10)
-            assert sum(float(r[c]) for c in header[6:]) == pytest.approx(float(r["score"]))
+            assert sum(float(r[c]) for c in header[8:]) == pytest.approx(float(r["score"]))  # the tests, not the parts
     (iy,) = [r for s, r in rows.items() if s.endswith("mutant_ignores_y")]
     assert iy["A: test_adds"] == "0" and iy["A: test_default"] == "3"
 
@@ -317,6 +321,25 @@ def test_grade_all_usage_errors(toy_course, tmp_path):
     assert p.returncode == 2 and p.stderr.startswith("labs: error: submissions folder nowhere is not a directory")
     p = subprocess.run(labs_cmd("grade-all", ".", "--lab", "99"), cwd=toy_course, capture_output=True, text=True)
     assert p.returncode == 2 and "no lab '99'" in p.stderr
+
+
+def test_grade_all_warns_on_an_empty_folder_and_gives_a_stray_file_a_row(toy_course, tmp_path, monkeypatch):
+    from click.testing import CliRunner
+
+    from harness.cli import main
+    monkeypatch.chdir(toy_course)
+    (tmp_path / "subs").mkdir()
+    r = CliRunner().invoke(main, ["grade-all", str(tmp_path / "subs"), "--lab", "07", "--sandbox", "process"])
+    assert r.exit_code == 0 and "labs: warning: " in r.stderr and "holds no submission" in r.stderr, r.output
+    assert (toy_course / ".labs-staff/grades-lab07/grades.csv").is_file()  # the default --out: staff only
+    (tmp_path / "subs/bob.py").write_text(TOY_SOLUTION)  # a lone file: no archive, no folder
+    (tmp_path / "subs/.DS_Store").write_text("")
+    run = classroom.grade_all(tmp_path / "subs", toy_lab(toy_course), manifest.load(toy_course), tmp_path / "out")
+    (row,) = run.rows
+    assert row.student == "bob.py" and row.kind is classroom.Status.STUDENT_ERROR and row.results["score"] == 0
+    assert row.status.startswith("unrecognised submission: bob.py is neither a folder nor an archive")
+    row_csv = next(csv.DictReader((tmp_path / "out/grades.csv").open()))
+    assert row_csv["status"] == row.status and row_csv["part A"] == row_csv["part B"] == "0"
 
 
 # --- a small class of the real lab 06 ----------------------------------------------------

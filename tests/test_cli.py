@@ -18,8 +18,9 @@ def test_list_shows_labs_parts_and_points(toy_course):
     assert p.returncode == 0
     (row,) = json.loads(p.stdout)
     assert row["lab"] == "07" and row["parts"] == {"A": 6, "B": 4} and row["points"] == 10
+    assert row["gpu_points"] == 1.5 and row["gpu"] == "1.5 pts need a GPU"  # test_on_gpu: weight 1 of 4 in A
     p = labs(toy_course, "list")
-    assert "Toy lab" in p.stdout and "A 6, B 4" in p.stdout
+    assert "Toy lab" in p.stdout and "A 6, B 4" in p.stdout and "1.5 pts need a GPU" in p.stdout
 
 
 def test_test_runs_visible_tests_like_pytest(toy_course):
@@ -67,6 +68,20 @@ def test_grade_submission_with_syntax_error_still_gets_a_row(toy_course, tmp_pat
     assert r["score"] == 0 and "SyntaxError" in r["tests"][0]["output"]
     assert r["extra_data"]["ignored_files"] == ["notes.txt"]
     assert "ignored 1 other file" in p.stderr
+    # one line for the whole submission, not a row per test with the same error
+    assert p.stdout.splitlines() == [f"Lab 07 — Toy lab: {tmp_path / 'sub'}: score 0 / 10: import error: importing "
+                                     "toy.py failed (line 1): SyntaxError: invalid syntax (toy.py, line 1)"]
+
+
+def test_grade_misnamed_module_is_one_line_naming_the_near_miss(toy_course, tmp_path):
+    (tmp_path / "sub/labs/07").mkdir(parents=True)
+    (tmp_path / "sub/labs/07/TOY.py").write_text("def add(x, y=1):\n    return x + y\n")
+    (tmp_path / "sub/toy_solution.py").write_text("def add(x, y=1):\n    return x + y\n")
+    p = labs(toy_course, "grade", str(tmp_path / "sub"), "--lab", "07", "--sandbox", "process")
+    assert p.returncode == 0 and "Traceback" not in p.stderr
+    (line,) = p.stdout.splitlines()
+    assert line.startswith(f"Lab 07 — Toy lab: {tmp_path / 'sub'}: score 0 / 10: no module: no 07/toy.py in ")
+    assert line.endswith("found labs/07/TOY.py, toy_solution.py: the file must be named toy.py exactly")
 
 
 @pytest.mark.parametrize("args, code, message", [
@@ -79,6 +94,43 @@ def test_usage_errors_are_one_line_with_exit_2(toy_course, args, code, message):
     assert p.returncode == code
     assert p.stderr.splitlines()[0].startswith(message)
     assert "Traceback" not in p.stderr
+
+
+@pytest.mark.parametrize("yaml_text, message, hint", [
+    ('name: x\nlabs:\n  "07": {title: t, module: toy, api: [add], parts: {A: {title: a, points: many}}}\n',
+     "invalid course manifest: labs.07.parts.A.points: Input should be a valid number",
+     "fix `labs.07.parts.A.points` in labs.yaml"),
+    ('name: x\nlabs:\n  "07": {title: t, module: toy\n', "not valid YAML at line 4, column 1: expected ',' or '}'",
+     "fix the YAML syntax of labs.yaml at line 4"),
+    ('name: x\nlabs:\n  "07": {title: t, module: toys, api: [add], parts: {A: {title: a, points: 1}}}\n',
+     "labs.07.module: 'toys' names labs/07/toys.py, which does not exist (labs/07 holds toy.py)",
+     "fix `labs.07.module` in labs.yaml or rename the file"),
+])
+def test_corrupt_labs_yaml_is_one_line_and_a_hint_in_the_cli_and_in_pytest(toy_course, yaml_text, message, hint):
+    (toy_course / "labs.yaml").write_text(yaml_text)
+    p = labs(toy_course, "list")
+    assert p.returncode == 2 and "Traceback" not in p.stderr
+    error, hint_line = p.stderr.splitlines()  # two lines: the error and its hint
+    assert error.startswith(f"labs: error: {toy_course / 'labs.yaml'}: ") and message in error
+    assert hint_line.startswith("  hint: ") and hint in hint_line
+    p = subprocess.run([sys.executable, "-m", "pytest", "labs/07", "-q", "-p", "no:cacheprovider"], cwd=toy_course,
+                       capture_output=True, text=True, timeout=300)
+    out = p.stdout + p.stderr
+    assert p.returncode == 4 and "INTERNALERROR" not in out and "Traceback" not in out
+    assert message in out and f"hint: {hint}" in out
+
+
+def test_output_paths_in_missing_folders_or_inside_the_course_are_refused(toy_course, tmp_path):
+    (tmp_path / "subs").mkdir()
+    for args, message in ((["grade-all", str(tmp_path / "subs"), "--lab", "07", "--out", str(tmp_path / "a/b")],
+                           f"labs: error: --out {tmp_path / 'a/b'}: the folder {tmp_path / 'a'} does not exist"),
+                          (["nbgrader", "export", "course"], "labs: error: DEST course is inside the course tree"),
+                          (["grade-all", str(tmp_path / "subs"), "--lab", "07", "--out", "grades"],
+                           "labs: error: --out grades is inside the course tree")):
+        p = labs(toy_course, *args)
+        assert p.returncode == 2 and p.stderr.splitlines()[0].startswith(message), p.stderr
+        assert "hint:" in p.stderr and "Traceback" not in p.stderr
+    assert not (tmp_path / "a").exists() and not (toy_course / "course").exists() and not (toy_course / "grades").exists()
 
 
 def test_broken_graders_fail_grading_with_exit_1(toy_course):

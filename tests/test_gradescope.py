@@ -93,6 +93,26 @@ def test_zip_holds_scripts_harness_and_this_labs_graders_only(toy_course, tmp_pa
     assert "torch==2.13.0" in setup and "download.pytorch.org/whl/cpu" in setup
 
 
+def test_build_writes_to_labs_staff_warns_of_gpu_points_and_refuses_other_places(toy_course, tmp_path,
+                                                                                 monkeypatch):
+    from click.testing import CliRunner
+
+    from harness.cli import main
+    monkeypatch.chdir(toy_course)
+    build = lambda *a: CliRunner().invoke(main, ["gradescope", "build", "--lab", "07", *a])
+    r = build()
+    assert r.exit_code == 0, r.stderr
+    assert (toy_course / ".labs-staff/gradescope-lab07.zip").is_file()  # git-ignored, never released
+    assert not list(toy_course.glob("*.zip"))
+    assert ("labs: warning: 1.5 of lab 07's 10 points need a GPU, and Gradescope's workers have none" in r.stderr
+            and "rescale the assignment to the runnable maximum (8.5 points" in r.stderr)
+    for out, message in (("x.zip", "labs: error: --out x.zip is inside the course tree"),
+                         (str(tmp_path / "no/ag.zip"), "does not exist")):
+        r = build("--out", out)
+        assert r.exit_code == 2 and message in r.stderr.splitlines()[0], r.stderr
+        assert not (toy_course / "x.zip").exists() and not (tmp_path / "no").exists()
+
+
 def test_real_lab_04_zip_pins_torch_and_installs_triton(tmp_path):
     p = labs(ROOT, "gradescope", "build", "--lab", "04", "--out", str(tmp_path / "ag.zip"))
     assert p.returncode == 0, p.stderr

@@ -59,3 +59,33 @@ def test_find_root_walks_up_and_honours_env(tmp_path, monkeypatch):
     monkeypatch.setenv("LABS_COURSE", str(tmp_path / "a"))
     with pytest.raises(manifest.ManifestError, match="holds no labs.yaml"):
         manifest.find_root()
+
+
+def test_manifest_errors_are_one_line_with_a_hint_naming_the_field(tmp_path):
+    (tmp_path / "labs.yaml").write_text("name: x\nlabs:\n  '04': {title: t, module: m, api: [], parts: "
+                                        "{A: {title: a, points: -1}}, colour: red}\n")
+    with pytest.raises(manifest.ManifestError) as e:
+        manifest.load(tmp_path)
+    assert "\n" not in str(e.value) and "labs.04.colour" in str(e.value) and "labs.04.parts.A.points" in str(e.value)
+    assert e.value.hint.startswith("fix `labs.04.")
+
+
+def test_a_lab_folder_without_the_named_module_fails_validation(toy_course):
+    (toy_course / "labs/07/toy.py").rename(toy_course / "labs/07/Toy.py")
+    with pytest.raises(manifest.ManifestError, match=r"labs\.07\.module: 'toy' names labs/07/toy\.py, which does "
+                                                     r"not exist \(labs/07 holds Toy\.py\)"):
+        manifest.load(toy_course)
+    (toy_course / "labs/07/Toy.py").unlink()
+    (toy_course / "labs/07/test_toy_visible.py").unlink()
+    (toy_course / "labs/07").rmdir()  # a tree without the lab's folder (a Gradescope zip of another lab): fine
+    assert manifest.load(toy_course).lab("07").module == "toy"
+
+
+def test_solved_stub_accepts_stubs_and_finished_helpers_and_refuses_solutions(toy_course):
+    course = manifest.load(ROOT)
+    assert [manifest.solved_stub(course, lab) for lab in course.labs.values()] == [None] * len(course.labs)
+    toy = manifest.load(toy_course)
+    lab = toy.lab("07")
+    assert manifest.solved_stub(toy, lab) is None
+    (toy_course / "labs/07/toy.py").write_text((toy_course / "solutions/07/toy.py").read_text())
+    assert manifest.solved_stub(toy, lab) == "labs/07/toy.py looks solved: none of add raises NotImplementedError"

@@ -88,7 +88,7 @@ def test_export_real_course_notebooks_configs_and_hidden_graders(tmp_path):
             assert src(cell).startswith("# FEEDBACK ONLY") and "does not count" in src(cell)
             assert f"feedback_part({lab.number!r}, {key!r}, {lab.filename!r})" in src(cell)
         handout = src(c[f"{name}-handout"])
-        assert f"pytest labs/{lab.number} " not in handout and "## Quick start" not in handout
+        assert "pytest labs/" not in handout and "`labs grade" not in handout and "## Quick start" not in handout
         assert "sandboxed grader" in src(c[f"{name}-intro"])
         graders = sorted(p.name for p in (ROOT / "graders" / lab.number).glob("*.py"))
         assert sorted(p.name for p in (nb_root / "labs_course/graders" / lab.number).glob("*.py")) == graders

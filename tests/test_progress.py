@@ -53,34 +53,45 @@ def solution_dir(tmp_path) -> Path:
     return d.parent
 
 
-def runs(db, lab=None):
-    return progress.load_runs("Toy course", lab, db)
+def runs(db, checkout: Path, lab=None):
+    """The runs recorded for the checkout ``checkout`` (progress is keyed by checkout)."""
+    return progress.load_runs(str(checkout.resolve()), lab, db)
+
+
+def solved(checkout: Path) -> Path:
+    """``checkout`` with the student's own working toy.py in it."""
+    (checkout / "labs/07/toy.py").write_text(SOLUTION)
+    return checkout
 
 
 # --- recording -----------------------------------------------------------------------
 
-def test_visible_runs_are_recorded_and_grader_reference_and_nested_runs_are_not(toy_course, tmp_path):
+def test_visible_runs_are_recorded_per_checkout_and_other_impls_and_nested_runs_are_not(toy_course, tmp_path):
     db, xdg = tmp_path / "p.db", tmp_path / "xdg"
     mine = solution_dir(tmp_path)
+    other = solved(Path(shutil.copytree(toy_course, tmp_path / "checkout-2")))  # a second checkout, solved
     procs = {
         # a student's own run, default store location (XDG data dir)
         "stub": spawn(toy_course, pytest_args("labs/07"), env_for(nested=False, XDG_DATA_HOME=xdg)),
-        # a student's run of a working implementation, explicit store
+        # the same student's second checkout of the course, with a working implementation, explicit store
+        "other": spawn(other, pytest_args("labs/07"), env_for(db)),
+        # another folder's code (--impl PATH) is not this checkout's: not recorded
         "mine": spawn(toy_course, pytest_args("labs/07", "--impl", str(mine)), env_for(db)),
         # never recorded: the reference, a run nested in a test run (the hidden graders' run: see the grade test)
         "solution": spawn(toy_course, pytest_args("labs/07", "--impl", "solution"), env_for(db)),
         "nested": spawn(toy_course, pytest_args("labs/07"), env_for(XDG_DATA_HOME=xdg)),
     }
     rcs = {name: finish(p) for name, p in procs.items()}
-    assert rcs["stub"][0] == 1 and rcs["mine"][0] == 0, rcs
+    assert rcs["stub"][0] == 1 and rcs["mine"][0] == 0 and rcs["other"][0] == 0, rcs
     assert not any("progress not recorded" in out for _, out in rcs.values())
 
-    (stub_run,) = runs(xdg / "ai-infra-labs" / "progress.sqlite3")
+    (stub_run,) = runs(xdg / "ai-infra-labs" / "progress.sqlite3", toy_course)
     assert stub_run["kind"] == "visible" and stub_run["impl"] == "student"
     assert (stub_run["passed"], stub_run["failed"], stub_run["skipped"], stub_run["total"]) == (0, 3, 1, 4)
 
-    (run,) = runs(db)  # only the student's own run of their code
-    assert run["kind"] == "visible" and run["lab"] == "07" and run["impl"] == str(mine)
+    assert runs(db, toy_course) == []  # --impl mine, the reference, the nested run: none is this checkout's
+    (run,) = runs(db, other)  # the second checkout keeps its own history
+    assert run["kind"] == "visible" and run["lab"] == "07" and run["impl"] == "student"
     tests = {t["name"]: t for t in run["tests"]}
     assert {n: (t["part"], t["outcome"]) for n, t in tests.items()} == {
         "test_adds": ("A", "passed"), "test_default": ("A", "passed"),
@@ -93,14 +104,14 @@ def test_visible_runs_are_recorded_and_grader_reference_and_nested_runs_are_not(
 def test_xdist_and_parallel_pytest_processes_record_one_run_each(toy_course, tmp_path):
     pytest.importorskip("xdist")
     db = tmp_path / "p.db"
-    mine = solution_dir(tmp_path)
-    procs = [spawn(toy_course, pytest_args("labs/07", "--impl", str(mine), "-n", "2"), env_for(db))]
-    procs.append(spawn(toy_course, pytest_args("labs/07", "--impl", str(mine)), env_for(db)))
+    solved(toy_course)
+    procs = [spawn(toy_course, pytest_args("labs/07", "-n", "2"), env_for(db))]
+    procs.append(spawn(toy_course, pytest_args("labs/07"), env_for(db)))
     for p in procs:
         rc, out = finish(p)
         assert rc == 0, out
         assert "progress not recorded" not in out
-    recorded = runs(db)
+    recorded = runs(db, toy_course)
     assert len(recorded) == 2
     for run in recorded:  # the xdist controller knows parts and perf from the workers' reports
         assert run["total"] == 4 and run["passed"] == 3
@@ -109,16 +120,21 @@ def test_xdist_and_parallel_pytest_processes_record_one_run_each(toy_course, tmp
         assert [p["ratio"] for p in run["perf"]] == [2.0]
 
 
-def test_local_grade_is_recorded_once_by_the_cli(toy_course, tmp_path):
+def test_local_grade_of_the_checkout_is_recorded_once_and_of_another_folder_not_at_all(toy_course, tmp_path):
     db = tmp_path / "p.db"
     mine = solution_dir(tmp_path)
-    procs = [spawn(toy_course, ["-m", "harness", "grade", str(mine), "--lab", "07"], env_for(db)),
-             spawn(toy_course, ["-m", "harness", "grade", "solutions", "--lab", "07"], env_for(db))]
+    solved(toy_course)
+    procs = [spawn(toy_course, ["-m", "harness", "grade", ".", "--lab", "07", "--sandbox", "process"], env_for(db)),
+             spawn(toy_course, ["-m", "harness", "grade", str(mine), "--lab", "07", "--sandbox", "process"],
+                   env_for(db)),  # an instructor grading a folder: not "your" grade
+             spawn(toy_course, ["-m", "harness", "grade", "solutions", "--lab", "07", "--sandbox", "process"],
+                   env_for(db))]
     for p in procs:
         rc, out = finish(p)
         assert rc == 0, out
-    (run,) = runs(db)  # the reference grade and the grader child run are not recorded
-    assert run["kind"] == "grade" and run["impl"] == str(mine.resolve())
+    (run,) = runs(db, toy_course)  # the other folder, the reference and the grader child run: not recorded
+    assert run["kind"] == "grade" and run["impl"] == str(toy_course.resolve())
+    assert len(progress.load_runs(str(mine.resolve()), None, db)) == 0
     assert run["score"] == pytest.approx(6.5) and run["max_score"] == 10 and run["max_score_runnable"] == 8.5
     parts = {}
     for t in run["tests"]:
@@ -138,8 +154,8 @@ WRITER = textwrap.dedent("""\
     for i in range(n):
         tests = [TestRecord(nodeid=f"labs/07/test_x.py::t{j}", name=f"t{j}", part="A", outcome="passed",
                             perf=[{"name": "m", "ratio": 1.0 + j}]) for j in range(5)]
-        record_runs([RunRecord(course="Toy course", lab="07", kind="visible", started=time.time(),
-                               impl=f"{who}:{i}", tests=tests)], db)
+        record_runs([RunRecord(course="Toy course", course_root=str(Path.cwd().resolve()), lab="07",
+                               kind="visible", started=time.time(), impl=f"{who}:{i}", tests=tests)], db)
     print("done", who)
 """)
 
@@ -153,7 +169,7 @@ def test_concurrent_writers_lose_no_rows(tmp_path):
     for p in procs:
         rc, out = finish(p, timeout=240)
         assert rc == 0 and "locked" not in out, out
-    recorded = runs(db)
+    recorded = runs(db, tmp_path)
     assert len(recorded) == writers * n
     assert sorted(r["impl"] for r in recorded) == sorted(f"w{k}:{i}" for k in range(writers) for i in range(n))
     assert all(len(r["tests"]) == 5 and len(r["perf"]) == 5 for r in recorded)
@@ -166,8 +182,8 @@ def test_concurrent_writers_lose_no_rows(tmp_path):
 def test_unwritable_store_warns_once_and_never_fails_the_run(toy_course, tmp_path, monkeypatch):
     blocker = tmp_path / "not-a-dir"
     blocker.write_text("a file where the store's folder should be")
-    mine = solution_dir(tmp_path)
-    rc, out = finish(spawn(toy_course, pytest_args("labs/07", "--impl", str(mine)), env_for(blocker / "p.db")))
+    solved(toy_course)
+    rc, out = finish(spawn(toy_course, pytest_args("labs/07"), env_for(blocker / "p.db")))
     assert rc == 0, out
     warnings = [line for line in out.splitlines() if "progress not recorded" in line]
     assert len(warnings) == 1, out
@@ -175,7 +191,7 @@ def test_unwritable_store_warns_once_and_never_fails_the_run(toy_course, tmp_pat
     assert "your test results are unaffected" in warnings[0]
 
     # the local-grade path: record_grade returns the reason, the CLI prints it as one warning line
-    result = grading.GradeResult(lab="07", submission=str(mine), seed=1, duration_s=0.1, tests=[
+    result = grading.GradeResult(lab="07", submission=str(toy_course), seed=1, duration_s=0.1, tests=[
         grading.TestResult(name="t", nodeid="graders/07/t.py::t", part="A", max_score=6, score=6, outcome="passed")])
     course = manifest.load(toy_course)
     monkeypatch.setenv("LABS_PROGRESS_DB", str(blocker / "p.db"))
@@ -185,7 +201,7 @@ def test_unwritable_store_warns_once_and_never_fails_the_run(toy_course, tmp_pat
 
 # --- the commands ---------------------------------------------------------------------
 
-def seed_history(db):
+def seed_history(db, checkout: Path):
     """Two visible runs and three grades of lab 07 at known times."""
     def rec(kind, at, outcomes, ratio=None, scores=None):
         tests = []
@@ -197,7 +213,8 @@ def seed_history(db):
                                              max_score=None if scores is None else (6 if part == "A" else 4),
                                              perf=perf))
         total = None if scores is None else round(sum(scores), 4)
-        return progress.RunRecord(course="Toy course", lab="07", kind=kind, started=at, tests=tests,
+        return progress.RunRecord(course="Toy course", course_root=str(checkout.resolve()), lab="07", kind=kind,
+                                  started=at, tests=tests,
                                   score=total, max_score=None if scores is None else 10.0)
 
     t0 = 1_750_000_000.0
@@ -208,7 +225,8 @@ def seed_history(db):
         rec("grade", t0 + 180, [("A", "passed"), ("B", "passed")], ratio=1.2, scores=[6.0, 3.6]),
         rec("grade", t0 + 240, [("A", "failed"), ("B", "passed")], ratio=1.8, scores=[0.0, 2.8]),
     ], db)
-    progress.record_runs([progress.RunRecord(course="Another course", lab="07", kind="visible", started=t0,
+    progress.record_runs([progress.RunRecord(course="Toy course", course_root=str(checkout.parent / "elsewhere"),
+                                             lab="07", kind="visible", started=t0,
                                              tests=[progress.TestRecord(nodeid="x", name="x", outcome="passed")])],
                          db)
     return t0
@@ -221,7 +239,7 @@ def labs_cli(toy_course, db, *args, input=None):
 
 def test_progress_json_reports_last_and_best_per_lab_and_part(toy_course, tmp_path):
     db = tmp_path / "p.db"
-    t0 = seed_history(db)
+    t0 = seed_history(db, toy_course)
     r = labs_cli(toy_course, db, "progress", "--json")
     assert r.exit_code == 0, r.output
     data = json.loads(r.output)
@@ -246,7 +264,7 @@ def test_progress_table_and_empty_store(toy_course, tmp_path):
     r = labs_cli(toy_course, db, "progress")
     assert r.exit_code == 0 and "Toy course: local progress" in r.output
     assert re.search(r"07\s+all\s+-\s+-\s+-\s+-\s+0\s+0\s+-\s+-", r.output), r.output
-    seed_history(db)
+    seed_history(db, toy_course)
     r = labs_cli(toy_course, db, "progress")
     assert r.exit_code == 0, r.output
     lines = r.output.splitlines()
@@ -260,17 +278,17 @@ def test_progress_table_and_empty_store(toy_course, tmp_path):
     assert r.exit_code == 2 and "no lab '12'" in r.output
 
 
-def test_reset_asks_first_and_deletes_only_this_course(toy_course, tmp_path):
+def test_reset_asks_first_and_deletes_only_this_checkout(toy_course, tmp_path):
     db = tmp_path / "p.db"
-    seed_history(db)
+    seed_history(db, toy_course)
     r = labs_cli(toy_course, db, "reset", "07", input="n\n")
     assert r.exit_code == 1 and "Delete 5 recorded run(s) of lab 07" in r.output and "Aborted" in r.output
-    assert len(runs(db)) == 5
+    assert len(runs(db, toy_course)) == 5
     r = labs_cli(toy_course, db, "reset", "07", input="y\n")
     assert r.exit_code == 0 and "deleted 5 recorded run(s) of lab 07" in r.output
-    assert runs(db) == []
-    assert len(progress.load_runs("Another course", None, db)) == 1  # another course's history is kept
-    seed_history(db)
+    assert runs(db, toy_course) == []
+    assert len(progress.load_runs(str(toy_course.parent / "elsewhere"), None, db)) == 1  # another checkout's is kept
+    seed_history(db, toy_course)
     r = labs_cli(toy_course, db, "reset", "--yes")
     assert r.exit_code == 0 and "deleted 5 recorded run(s) of every lab of Toy course" in r.output
     assert "Delete" not in r.output
@@ -303,7 +321,7 @@ def chromium() -> str:
 def test_html_report_is_self_contained_and_renders_table_and_plots(toy_course, tmp_path):
     exe = chromium()
     db, page = tmp_path / "p.db", tmp_path / "report" / "progress.html"
-    seed_history(db)
+    seed_history(db, toy_course)
     r = labs_cli(toy_course, db, "progress", "--html", str(page))
     assert r.exit_code == 0 and page.is_file(), r.output
     text = page.read_text()

@@ -47,7 +47,7 @@ def released(tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("release") / "student-repo"
     p = labs(ROOT, "release", str(out))
     assert p.returncode == 0, p.stderr
-    assert "left out" in p.stdout
+    assert "refused" in p.stdout and "  graders/ (" in p.stdout and "  labs/04/flash_attention.py\n" in p.stdout
     return out
 
 
@@ -63,6 +63,12 @@ def test_release_leaves_out_solutions_graders_and_staff_tests(released):
     assert not any((released / f).read_text(errors="replace") in refs for f in files if f.endswith(".py")
                    and (released / f).stat().st_size > 200)
     assert 'testpaths = ["labs"]' in (released / "pyproject.toml").read_text()
+    assert "nbgrader" not in (released / "pyproject.toml").read_text()
+    assert not files & {"harness/classroom.py", "harness/gradescope.py", "harness/nbgrader_export.py",
+                        "harness/release.py", "docs/sandbox.md", "docker/Dockerfile.cpu"}
+    assert "make demo" not in (released / "README.md").read_text() and "| 04 | Flash Attention |" in \
+        (released / "README.md").read_text()
+    assert "demo:" not in (released / "Makefile").read_text()
 
 
 def test_released_lab_04_collects_and_its_tests_fail_with_not_implemented(released, tmp_path):
@@ -101,7 +107,7 @@ def test_released_toy_lab_runs_its_visible_tests_on_the_stub(toy_course, tmp_pat
     p = labs(toy_course, "release", str(out))
     assert p.returncode == 0, p.stderr
     assert sorted(p.relative_to(out).as_posix() for p in out.rglob("*") if p.is_file()) == [
-        "labs.yaml", "labs/07/test_toy_visible.py", "labs/07/toy.py"]
+        "README.md", "labs.yaml", "labs/07/test_toy_visible.py", "labs/07/toy.py"]
     (out / "harness").symlink_to(ROOT / "harness")  # the toy course has no harness of its own
     p = pytest_in(out, "labs/07", junit=tmp_path / "r.xml")
     ok, failures, errors = outcomes(tmp_path / "r.xml")
@@ -116,6 +122,9 @@ def test_release_refuses_a_non_empty_or_inner_folder_and_filters_labs(toy_course
     assert p.returncode == 2 and "is not empty (--force replaces it)" in p.stderr
     p = labs(toy_course, "release", str(toy_course / "inside"))
     assert p.returncode == 2 and "inside the course tree" in p.stderr
+    p = labs(toy_course, "release", str(tmp_path / "no/such/folder"))
+    assert p.returncode == 2 and p.stderr.startswith("labs: error: OUT ") and "does not exist" in p.stderr
+    assert not (tmp_path / "no").exists() and "Traceback" not in p.stderr
     p = labs(toy_course, "release", str(tmp_path / "full"), "--force", "--exclude", "labs/07/test_*")
     assert p.returncode == 0 and not (tmp_path / "full/x").exists()
     assert not (tmp_path / "full/labs/07/test_toy_visible.py").exists() and (tmp_path / "full/labs/07/toy.py").exists()
@@ -123,3 +132,4 @@ def test_release_refuses_a_non_empty_or_inner_folder_and_filters_labs(toy_course
     (toy_course / "labs/08/other.py").write_text("")
     p = labs(toy_course, "release", str(tmp_path / "only7"), "--lab", "07")
     assert p.returncode == 0 and not (tmp_path / "only7/labs/08").exists()
+    assert "labs/08/other.py: labs/08 is not a lab in labs.yaml" in p.stdout

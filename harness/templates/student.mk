@@ -1,0 +1,25 @@
+# The student repository's Makefile, written by `labs release`.
+# torch is installed first and explicitly: an unpinned `torch` pulls a multi-GB CUDA build.
+# Every install goes through docker/requirements.lock, the lock the graders use too.
+PYTHON ?= python3
+VENV   ?= .venv
+PY     := $(VENV)/bin/python
+LOCK   := docker/requirements.lock
+TORCH  ?= -r docker/torch-cpu.txt
+
+.PHONY: setup test clean
+
+$(VENV)/.installed: pyproject.toml $(LOCK)
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q -c $(LOCK) $(TORCH)
+	$(PY) -m pip install -q -c $(LOCK) -e '.[triton]'
+	touch $@
+
+setup: $(VENV)/.installed
+
+test: setup   ## every lab's visible tests
+	$(PY) -m pytest labs
+
+clean:
+	rm -rf $(VENV) .pytest_cache
