@@ -30,14 +30,16 @@ def _qkv(gen, B, Hq, Hkv, Lq, Lk, D, dtype=torch.float32, layout="contiguous"):
 
 # --- Part A: grouped_query_attention ---------------------------------------------------------
 
-# small cases first; lengths off powers of two; (B, Hq, Hkv, Lq, Lk, D, causal, scale, dtype, layout)
+# small cases first; lengths off powers of two; (B, Hq, Hkv, Lq, Lk, D, causal, scale, dtype, layout).
+# Causal cases here and in the other value tests are square (Lq == Lk): where the mask of a
+# Lq != Lk call is aligned is graded once, in test_causal_mask_is_bottom_right_aligned.
 VALUE_CASES = [
     (1, 2, 1, 3, 3, 8, False, None, torch.float32, "contiguous"),
     (2, 4, 2, 5, 7, 16, False, None, torch.float32, "strided"),
     (2, 6, 3, 9, 9, 8, True, None, torch.float32, "transposed"),
-    (1, 8, 2, 11, 19, 32, True, 0.3, torch.float32, "contiguous"),
+    (1, 8, 2, 11, 19, 32, False, 0.3, torch.float32, "contiguous"),
     (2, 6, 2, 13, 13, 16, False, 1.7, torch.float32, "strided"),
-    (1, 4, 2, 7, 33, 64, True, None, torch.bfloat16, "contiguous"),
+    (1, 4, 2, 19, 19, 64, True, None, torch.bfloat16, "contiguous"),
     (2, 8, 4, 5, 21, 32, False, None, torch.float16, "contiguous"),
 ]
 
@@ -46,6 +48,33 @@ def _vid(c):
     B, Hq, Hkv, Lq, Lk, D, causal, scale, dtype, layout = c
     return call_id(B=B, Hq=Hq, Hkv=Hkv, Lq=Lq, Lk=Lk, D=D, dtype=str(dtype).split(".")[-1]) \
         + ("-causal" if causal else "") + (f"-scale{scale}" if scale else "") + f"-{layout}"
+
+
+def _raises(exc, fn, *args, case, **kwargs):
+    """``fn(*args, **kwargs)`` must raise ``exc`` (another exception propagates as it is)."""
+    try:
+        fn(*args, **kwargs)
+    except exc:
+        return
+    raise AssertionError(f"{case} must raise {exc.__name__}; the call returned without an error")
+
+
+def _head_hint(out, ref, Hq, Hkv, atol, rtol):
+    """Name the query heads that are wrong when only some are: a head-mapping bug, not the math."""
+    if type(out) is not torch.Tensor or tuple(out.shape) != tuple(ref.shape):
+        return ""
+    err = ~((out.detach().double() - ref).abs() <= atol + rtol * ref.abs())   # NaN counts as wrong
+    bad = [h for h in range(Hq) if bool(err[:, h].any())]
+    if not bad or len(bad) == Hq:
+        return ""
+    G = Hq // Hkv
+    kvs = sorted({h // G for h in bad})
+    if set(bad) == {h for h in range(Hq) if h // G in kvs}:
+        why = f"exactly the query heads of KV heads {kvs}: check how those K/V heads are indexed"
+    else:
+        why = ("query heads sharing a KV head disagree: check which KV head each one reads (h // G, the "
+               "repeat_interleave order) and how the query rows of a group are laid out")
+    return f"only query heads {bad} of {Hq} are wrong (Hkv={Hkv}, G={G} query heads per KV head), {why}; "
 
 
 @pytest.mark.part("A")
@@ -59,8 +88,9 @@ def test_output_matches_float64_oracle(impl, gen, case):
     assert isinstance(out, torch.Tensor) and out.dtype == dtype, \
         f"wrong output dtype: got {getattr(out, 'dtype', type(out))}, the contract returns q's dtype {dtype}"
     atol, rtol = tolerance(dtype, "cpu")
-    assert_close(out, ref, atol=atol, rtol=rtol, what="attention output differs from the float64 oracle "
-                 "(check the scale, the softmax axis, the causal mask)", case=_vid(case))
+    assert_close(out, ref, atol=atol, rtol=rtol, what=_head_hint(out, ref, Hq, Hkv, atol, rtol) + "attention "
+                 "output differs from the float64 oracle (check the scale, the softmax axis, the causal mask)",
+                 case=_vid(case))
 
 
 @pytest.mark.part("A")
@@ -88,12 +118,14 @@ def test_query_head_uses_kv_head_h_div_group(impl, gen, Hq, Hkv):
 @pytest.mark.parametrize("kind", ["MQA-Hkv1", "MHA-Hkv=Hq"])
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
 def test_mqa_and_mha_are_ordinary_cases(impl, gen, kind, causal):
-    B, Hq, Lq, Lk, D = 2, 6, 7, 10, 16
+    B, Hq, Lk, D = 2, 6, 10, 16
+    Lq = Lk if causal else 7   # square when causal: the alignment is graded in the causal-mask test
     Hkv = 1 if kind.startswith("MQA") else Hq
     q, k, v = _qkv(gen, B, Hq, Hkv, Lq, Lk, D)
     out = impl.grouped_query_attention(q, k, v, is_causal=causal)
     ref, _ = attention(q, k, v, is_causal=causal)
-    assert_close(out, ref, atol=1e-5, rtol=1e-5, what=f"{kind} (Hkv={Hkv}) output differs from the oracle",
+    assert_close(out, ref, atol=1e-5, rtol=1e-5,
+                 what=_head_hint(out, ref, Hq, Hkv, 1e-5, 1e-5) + f"{kind} (Hkv={Hkv}) output differs from the oracle",
                  case=call_id(B=B, Hq=Hq, Hkv=Hkv, Lq=Lq, Lk=Lk, D=D) + ("-causal" if causal else ""))
 
 
@@ -101,22 +133,21 @@ def test_mqa_and_mha_are_ordinary_cases(impl, gen, kind, causal):
 @pytest.mark.parametrize("Hq,Hkv", [(6, 4), (3, 2), (4, 3)], ids=lambda x: str(x))
 def test_non_divisible_head_counts_raise_value_error(impl, gen, Hq, Hkv):
     q, k, v = _qkv(gen, 1, Hq, Hkv, 3, 5, 8)
-    with pytest.raises(ValueError):
-        impl.grouped_query_attention(q, k, v)
+    _raises(ValueError, impl.grouped_query_attention, q, k, v,
+            case=f"Hq={Hq}, Hkv={Hkv} (Hq % Hkv != 0: query heads cannot be grouped)")
 
 
 @pytest.mark.part("A")
 def test_empty_keys_raise_value_error(impl, gen):
     q, k, v = _qkv(gen, 1, 4, 2, 3, 0, 8)
-    with pytest.raises(ValueError):
-        impl.grouped_query_attention(q, k, v)
+    _raises(ValueError, impl.grouped_query_attention, q, k, v, case="Lk=0 (no keys; the contract needs Lk >= 1)")
 
 
 @pytest.mark.part("A")
 def test_mixed_dtypes_raise_type_error(impl, gen):
     q, k, v = _qkv(gen, 1, 4, 2, 3, 5, 8)
-    with pytest.raises(TypeError):
-        impl.grouped_query_attention(q, k.to(torch.float64), v)
+    _raises(TypeError, impl.grouped_query_attention, q, k.to(torch.float64), v,
+            case="q float32, k float64, v float32 (q, k, v must share a dtype)")
 
 
 def _first_mask_error(out, ref, Lq, Lk):
@@ -126,6 +157,28 @@ def _first_mask_error(out, ref, Lq, Lk):
     return (f"Lq={Lq}, Lk={Lk}: query {i} is wrong; bottom-right alignment lets it see keys "
             f"0..{i + Lk - Lq} (top-left would be 0..{i})" if i + Lk - Lq >= 0 else
             f"Lq={Lq}, Lk={Lk}: query {i} sees no key (j <= {i + Lk - Lq}) and must output zeros")
+
+
+def _top_left(q, k, v):
+    """Float64 attention under a top-left causal mask (query i sees keys 0..i, SDPA's is_causal
+    when Lq != Lk): what a wrongly aligned mask computes."""
+    G = q.shape[1] // k.shape[1]
+    q, k, v = q.double(), k.double().repeat_interleave(G, 1), v.double().repeat_interleave(G, 1)
+    s = q @ k.transpose(-1, -2) / math.sqrt(q.shape[-1])
+    i, j = torch.arange(q.shape[-2])[:, None], torch.arange(k.shape[-2])[None, :]
+    return torch.softmax(s.masked_fill(j > i, float("-inf")), -1) @ v
+
+
+def _looks_top_left(out, q, k, v):
+    return type(out) is torch.Tensor and out.shape == q.shape and \
+        torch.allclose(out.double(), _top_left(q, k, v), atol=1e-5, rtol=1e-5)
+
+
+def _top_left_message(Lq, Lk):
+    allowed = (f"the contract allows keys 0..{Lk - Lq}" if Lq <= Lk else
+               f"under the contract queries 0..{Lq - Lk - 1} see no key (zeros) and query {Lq - Lk} sees key 0 only")
+    return (f"causal mask looks top-left aligned: Lq={Lq}, Lk={Lk}, query 0 saw key 0 only; {allowed} (bottom-right: "
+            f"query i sees key j iff j <= i + Lk - Lq; shift tril's diagonal by Lk - Lq)")
 
 
 @pytest.mark.part("A")
@@ -141,6 +194,8 @@ def test_causal_mask_is_bottom_right_aligned(impl, gen, Lq, Lk):
     except AssertionError as e:
         if torch.isnan(out).any():
             raise
+        if _looks_top_left(out, q, k, v):
+            raise AssertionError(_top_left_message(Lq, Lk)) from None
         raise AssertionError(f"causal mask looks wrong (the contract is bottom-right aligned: query i sees "
                              f"key j iff j <= i + Lk - Lq): {_first_mask_error(out, ref, Lq, Lk)}; {e}") from None
 
@@ -153,13 +208,22 @@ def test_fully_masked_rows_give_zeros_not_nan(impl, gen, Lq, Lk):
     n = Lq - Lk   # queries 0..n-1 see no key
     assert not torch.isnan(out).any(), (f"NaN in the output: Lq={Lq}, Lk={Lk}, causal; queries 0..{n - 1} see no "
                                         "key and must output exact zeros (guard the -inf row max)")
-    assert torch.equal(out[:, :, :n], torch.zeros_like(out[:, :, :n])), \
-        f"fully masked rows must be exact zeros: Lq={Lq}, Lk={Lk}, queries 0..{n - 1}; got {out[0, 0, :n, :3]}"
+    nonzero = (out[:, :, :n] != 0).any(-1).nonzero().tolist()   # (b, h, i) of masked rows that are not zero
+    if nonzero:
+        if _looks_top_left(out, q, k, v):
+            raise AssertionError(_top_left_message(Lq, Lk))
+        shown = "; ".join(f"out[{b}, {h}, {i}, :3] = [{', '.join(f'{x:.4g}' for x in out[b, h, i, :3].tolist())}]"
+                          for b, h, i in nonzero[:3])
+        raise AssertionError(f"fully masked rows must be exact zeros: Lq={Lq}, Lk={Lk}, queries 0..{n - 1} see no "
+                             f"key; {len(nonzero)} of {out[:, :, :n].shape[:3].numel()} such rows are not zero: "
+                             f"{shown}")
     ref, _ = attention(q, k, v, is_causal=True)
-    assert_close(out, ref, atol=1e-5, rtol=1e-5, what="causal output differs", case=f"Lq={Lq}, Lk={Lk}")
+    assert_close(out, ref, atol=1e-5, rtol=1e-5, case=f"Lq={Lq}, Lk={Lk}",
+                 what="causal output differs on the rows that see keys (the zero rows count only when the rest "
+                      "is right)")
 
 
-GRAD_CASES = [(1, 4, 2, 5, 5, 8, False), (2, 6, 2, 7, 11, 16, True), (1, 4, 1, 9, 6, 8, True)]
+GRAD_CASES = [(1, 4, 2, 5, 5, 8, True), (2, 6, 2, 7, 11, 16, False), (1, 4, 1, 9, 9, 8, True)]  # causal: square
 
 
 @pytest.mark.part("A")
@@ -190,13 +254,14 @@ def test_kv_gradients_sum_over_their_query_heads(impl, gen, case):
 
 @pytest.mark.part("A")
 def test_float64_gradcheck(impl, gen):
-    q, k, v = (t.double().requires_grad_() for t in _qkv(gen, 1, 4, 2, 3, 4, 5))
+    q, k, v = (t.double().requires_grad_() for t in _qkv(gen, 1, 4, 2, 4, 4, 5))   # causal: square
     ref, _ = attention(q.detach(), k.detach(), v.detach(), is_causal=True)
     checked(impl.grouped_query_attention(q.detach(), k.detach(), v.detach(), is_causal=True), ref, atol=1e-10,
-            rtol=1e-10, what="float64 output differs from the oracle", case="B1-Hq4-Hkv2-Lq3-Lk4-D5-causal-fp64",
+            rtol=1e-10, what="float64 output differs from the oracle", case="B1-Hq4-Hkv2-Lq4-Lk4-D5-causal-fp64",
             prop="the gradient check")
     ok = gradcheck(impl.grouped_query_attention, (q, k, v), kwargs=dict(is_causal=True), eps=1e-6, atol=1e-5)
-    assert ok, "gradient check against finite differences failed in float64 (B=1, Hq=4, Hkv=2, Lq=3, Lk=4, D=5, causal): " \
+    assert ok, "gradient check against finite differences failed in float64 (B=1, Hq=4, Hkv=2, Lq=4, Lk=4, D=5, " \
+               "causal): " \
                "the backward does not match finite differences (a detach, an in-place op, or a float32 cast " \
                "that ignores float64?)"
 
@@ -267,8 +332,10 @@ def test_projection_shapes_follow_head_counts(impl, gen, case):
 @pytest.mark.part("B")
 @pytest.mark.parametrize("args", [(32, 4, 3), (30, 4, 2), (32, 0, 1), (32, 4, 0)], ids=lambda a: "d{}-H{}-Hkv{}".format(*a))
 def test_invalid_module_head_counts_raise_value_error(impl, args):
-    with pytest.raises(ValueError):
-        impl.GroupedQueryAttention(*args)
+    d, H, Hkv = args
+    _raises(ValueError, impl.GroupedQueryAttention, *args,
+            case=f"GroupedQueryAttention(d_model={d}, n_heads={H}, n_kv_heads={Hkv}) (head counts >= 1, "
+                 "n_heads % n_kv_heads == 0, d_model % n_heads == 0)")
 
 
 @pytest.mark.part("B")
@@ -312,7 +379,8 @@ def test_module_gradients_reach_every_projection(impl, gen, case):
 # Decode shapes where K/V repeated to Hq heads (>= 128 MiB) is several times what the call
 # may hold (its inputs, the scores, allocator noise), so the worker's resident memory, read
 # from outside the process, shows it however the submission hides it from the tracker.
-MEM_CASES = [(1, 32, 2, 1, 16384, 64, False), (2, 32, 2, 4, 8192, 64, False), (1, 32, 2, 3, 16384, 64, True)]
+# Not causal: a causal Lq != Lk call would grade the mask's alignment again before any memory.
+MEM_CASES = [(1, 32, 2, 1, 16384, 64, False), (2, 32, 2, 4, 8192, 64, False), (1, 32, 2, 3, 16384, 64, False)]
 
 
 def _memid(c):
