@@ -69,8 +69,9 @@ def test_variant_loses_points_only_where_it_differs(number, variant, tmp_path):
     leaves one part undone: ``MAY_FAIL`` names what it may fail (``"part B"`` or a test
     function's name); every other runnable grader test must pass. ``BUG = True`` marks a
     real bug graded in one place: it must fail at least one test, all of them in
-    ``MAY_FAIL``. ``SELECT`` (a pytest ``-k`` expression) limits the run to the tests at
-    stake, to keep CI short."""
+    ``MAY_FAIL``; ``MESSAGE``: the bug class every failing test's message names.
+    ``SELECT`` (a pytest ``-k`` expression) limits the run to the tests at stake, to keep
+    CI short."""
     doc = ast.get_docstring(ast.parse(variant.read_text()))
     assert doc, f"{variant.name}: say what is unusual about it in a docstring"
     may_fail = _assigned(variant, "MAY_FAIL", [])
@@ -83,6 +84,10 @@ def test_variant_loses_points_only_where_it_differs(number, variant, tmp_path):
     assert not unfair, f"{variant.name} loses points on tests it does not break:\n" + "\n".join(unfair)
     if _assigned(variant, "BUG", False):
         assert any(t.outcome != "passed" for t in ran), f"{variant.name}: the bug fails no grader test"
+    message = _assigned(variant, "MESSAGE", None)
+    if message:
+        vague = [f"{t.name}: {t.output[:300]}" for t in ran if t.outcome != "passed" and message not in t.output]
+        assert not vague, f"{variant.name}: these messages do not say {message!r}:\n" + "\n".join(vague)
 
 
 @pytest.mark.parametrize("number", LABS)

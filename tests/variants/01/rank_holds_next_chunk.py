@@ -10,5 +10,6 @@ MUTATE = [("""    chunks = _padded_chunks(tensor, W, _acc_dtype(tensor.dtype))
     _reduce_scatter_chunks(chunks, op, group)
     mine = chunks[rank]""")]
 BUG = True
+MESSAGE = 'rank r holds chunk r+1'  # the bug class, named in every failing test
 MAY_FAIL = ["test_reduce_scatter_returns_reduced_chunk_of_rank"]
 SELECT = "(W3 and (reduce_scatter_returns or reduce_scatter_max)) or reduce_scatter_leaves"

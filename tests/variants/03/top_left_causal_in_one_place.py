@@ -6,6 +6,7 @@ the bottom-right mask). The value, MQA/MHA, gradient, gradcheck and memory tests
 non-causal calls, where the alignment cannot matter, so they pass."""
 MUTATE = [("s = s.masked_fill(j > i + (Lk - Lq), float(\"-inf\"))", "s = s.masked_fill(j > i, float(\"-inf\"))")]
 BUG = True
+MESSAGE = 'causal mask looks top-left aligned'  # the bug class, named in every failing test
 MAY_FAIL = ["test_causal_mask_is_bottom_right_aligned", "test_fully_masked_rows_give_zeros_not_nan"]
 SELECT = ("output_matches or mqa_and_mha or causal_mask or fully_masked or kv_gradients or gradcheck "
           "or (no_tensor_larger and Lq3)")
