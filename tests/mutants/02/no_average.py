@@ -1,4 +1,5 @@
 """Gradients are summed over the ranks but never divided by W.
-Caught by: test_n_not_divisible_by_w_padding_never_leaks[W4]: Adam is nearly scale-invariant, so only
-a larger eps (1e-6 there) or the norm (grad_norm, clipping tests) exposes the missing / W."""
+Caught by: test_gradients_are_averaged_not_summed[W2] ("gradient is W× the average"): Adam is nearly
+scale-invariant, so only a large eps (0.1 there; 1e-3 in one group of the per-group test) or the
+norm (Part B's grad_norm checks, which name it too) exposes the missing / W."""
 MUTATE = [("        del flat\n        shard /= W\n", "        del flat\n")]
