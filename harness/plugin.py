@@ -257,12 +257,18 @@ def _course_root(config):
 def _triton_interpreter_without_cuda(course):
     """Triton kernels run on CPU only under its interpreter, which Triton reads when a
     kernel is decorated: set ``TRITON_INTERPRET=1`` before any lab module is imported
-    when a lab needs Triton and there is no CUDA device (an explicit setting wins)."""
-    if "TRITON_INTERPRET" in os.environ or not any("triton" in lab.requires for lab in course.labs.values()):
+    when a lab needs Triton and there is no CUDA device (an explicit setting wins). Under
+    the interpreter ``@triton.autotune`` runs its first config untimed, as in grading
+    (``harness.sandbox.triton_launches``)."""
+    if not any("triton" in lab.requires for lab in course.labs.values()):
         return
-    import torch
-    if not torch.cuda.is_available():
-        os.environ["TRITON_INTERPRET"] = "1"
+    if "TRITON_INTERPRET" not in os.environ:
+        import torch
+        if not torch.cuda.is_available():
+            os.environ["TRITON_INTERPRET"] = "1"
+    if os.environ.get("TRITON_INTERPRET") == "1":
+        from .sandbox import triton_launches
+        triton_launches.install()
 
 
 def _state(config) -> _LabsState:

@@ -6,7 +6,8 @@ compares ``(out, lse)`` against ``harness.oracles.attention`` in float64 and,
 when they differ, names the likely bug class (top-left causal mask, missing or
 wrong scale, base-2 lse, NaN or non-zero fully masked rows) before the elements.
 ``fa.kernel_call(...)`` runs a Part B call under ``harness.sandbox.measure`` and
-requires a real kernel: at least one Triton launch, no attention math in PyTorch.
+requires a real kernel: at least one Triton launch, no attention math in PyTorch;
+``fa.checked_kernel(...)`` is the call a rule test grades (right in float32 or float16).
 ``fa.check_deterministic(...)`` compares two calls on equal inputs made in two
 processes (``harness.sandbox.restart`` between them), so no memo survives.
 """
@@ -21,7 +22,7 @@ import torch
 
 from harness.oracles import attention, causal_mask
 from harness.sandbox import measure, restart
-from harness.testing import assert_close, checked, randn, tolerance
+from harness.testing import DTYPES, assert_close, checked, randn, tolerance
 
 SDPA = "torch.nn.functional.scaled_dot_product_attention"
 # ATen ops (overload names, any in-place "_" dropped) of attention math: a Part B call runs
@@ -57,6 +58,11 @@ def _close(a, e, atol, rtol) -> bool:
         return False
 
 
+def _limit(Lq, Lk) -> str:
+    """The bottom-right causal limit of query i, ``"i + 51"`` or ``"i - 51"``."""
+    return f"i {'-' if Lq > Lk else '+'} {abs(Lk - Lq)}"
+
+
 def _diagnose_out(out, q, k, v, is_causal, scale, atol, rtol) -> str | None:
     """The bug class an ``out`` that differs from the oracle matches, if any."""
     Lq, Lk, D = q.shape[2], k.shape[2], q.shape[3]
@@ -65,8 +71,11 @@ def _diagnose_out(out, q, k, v, is_causal, scale, atol, rtol) -> str | None:
         # top-left: query i sees keys 0..i (what SDPA's is_causal does)
         tl_out = _masked_attention(q, k, v, s, torch.ones(Lq, Lk, dtype=torch.bool).tril().to(q.device))
         if _close(out, tl_out, atol, rtol):
-            return (f"causal mask looks top-left aligned (query i saw keys 0..i): with Lq={Lq}, Lk={Lk} "
-                    f"query i may attend keys j <= i + (Lk - Lq) = i + {Lk - Lq} (bottom-right)")
+            allowed = (f"the contract allows keys 0..{Lk - Lq}" if Lk > Lq else
+                       f"under the contract queries 0..{Lq - Lk - 1} see no key (zeros)")
+            return (f"causal mask looks top-left aligned (query i saw keys 0..i): with Lq={Lq}, Lk={Lk} query 0 "
+                    f"saw key 0 only; {allowed}: query i may attend keys j <= i + (Lk - Lq) = {_limit(Lq, Lk)} "
+                    f"(bottom-right)")
     for wrong, name in ((1.0, "no scale at all"), (1.0 / D, "1/D instead of 1/sqrt(D)")):
         if _close(out, attention(q, k, v, is_causal, wrong)[0], atol, rtol):
             return f"softmax scale looks wrong ({name}): scale=None means 1/sqrt(D) = {1 / math.sqrt(D):.4g}"
@@ -109,20 +118,20 @@ def check_forward(result, q, k, v, is_causal, scale, case, device, what="out"):
     atol, rtol = tolerance(q.dtype, device)
     if not _close(out, ref_out, atol, rtol):
         bug = _diagnose_out(out, q, k, v, is_causal, scale, atol, rtol)
-        if bug:
-            raise AssertionError(f"{bug} ({case})")
-        assert_close(out, ref_out, atol=atol, rtol=rtol, what=f"{what} differs from float64 attention", case=case)
+        differs = f"{what} differs from float64 attention"
+        assert_close(out, ref_out, atol=atol, rtol=rtol, what=f"{bug}; {differs}" if bug else differs, case=case)
     latol, lrtol = lse_tolerance(device)
     if not _close(lse, ref_lse, latol, lrtol):
-        finite = torch.isfinite(ref_lse)
-        if finite.all() and _close(lse.double() * math.log(2), ref_lse, latol, lrtol):
-            raise AssertionError(f"lse looks like base 2 (log2-sum-exp2): the contract wants the natural log; "
-                                 f"convert with lse = m + log(l) or multiply a base-2 result by ln 2 ({case})")
+        bug, finite = None, torch.isfinite(ref_lse).all()
+        if finite and _close(lse.double() * math.log(2), ref_lse, latol, lrtol):
+            bug = ("lse looks like base 2 (log2-sum-exp2): the contract wants the natural log; convert with "
+                   "lse = m + log(l) or multiply a base-2 result by ln 2")
         for wrong, name in ((1.0, "no scale at all"), (1.0 / D, "1/D instead of 1/sqrt(D)")):
-            if finite.all() and _close(lse, attention(q, k, v, is_causal, wrong)[1], latol, lrtol):
-                raise AssertionError(f"lse: softmax scale looks wrong ({name}); lse = log sum_j exp(scale * q.k_j) "
-                                     f"with scale=None meaning 1/sqrt(D) = {1 / math.sqrt(D):.4g} ({case})")
-        assert_close(lse, ref_lse, atol=latol, rtol=lrtol, what="lse differs from float64 log-sum-exp", case=case)
+            if not bug and finite and _close(lse, attention(q, k, v, is_causal, wrong)[1], latol, lrtol):
+                bug = (f"lse: softmax scale looks wrong ({name}); lse = log sum_j exp(scale * q.k_j) with "
+                       f"scale=None meaning 1/sqrt(D) = {1 / math.sqrt(D):.4g}")
+        differs = "lse differs from float64 log-sum-exp"
+        assert_close(lse, ref_lse, atol=latol, rtol=lrtol, what=f"{bug}; {differs}" if bug else differs, case=case)
 
 
 def kernel_call(fn, q, k, v, case, **kwargs):
@@ -145,6 +154,27 @@ def kernel_call(fn, q, k, v, case, **kwargs):
                              f"kernel(s) but also ran {math_ops} in PyTorch ({case}); compute the scores, the "
                              f"softmax and P @ V inside the kernel, and launch only it")
     return res
+
+
+def checked_kernel(fn, gen, case, prop, **kwargs):
+    """The call a Part B rule test grades: :func:`kernel_call` of ``fn`` on ``case`` ``(B, H, Lq, Lk,
+    D, causal)`` in float32, checked against the oracle, and again in float16 when float32's values
+    are wrong (a kernel that computes in float16 only keeps the rule; the value tests grade its
+    float32). ``kwargs`` go to ``kernel_call`` (``forbid``): a broken rule fails in any dtype.
+    Raises the float32 value error when neither is right: ``prop`` counts only then."""
+    B, H, Lq, Lk, D, causal = case
+    errors = []
+    for dt in ("fp32", "fp16"):
+        q, k, v = qkv(gen, B, H, Lq, Lk, D, dtype=DTYPES[dt])
+        cid = case_id(B, H, Lq, Lk, D, causal, dt)
+        res = kernel_call(fn, q, k, v, cid, is_causal=causal, **kwargs)
+        try:
+            check_forward(res, q, k, v, causal, None, cid, "cpu")
+            return res
+        except AssertionError as e:
+            errors.append(str(e))
+    raise AssertionError(f"{errors[0]}; {prop} counts only when the values are right (in float32 or float16; "
+                         f"float16 gave: {errors[1][:300]})")
 
 
 def check_deterministic(impl, call, qkv, other, oracle, case, first=None):
@@ -244,8 +274,9 @@ def fa():
     """The shared lab 04 checks (see the module docstring)."""
     return SimpleNamespace(case_id=case_id, qkv=qkv, check_forward=check_forward, near_minus_1e6=near_minus_1e6,
                            check_near_minus_1e6=check_near_minus_1e6, check_raises=check_raises,
-                           kernel_call=kernel_call, check_deterministic=check_deterministic,
-                           BAD_ARGS=BAD_ARGS, SDPA=SDPA, causal_mask=causal_mask, attention=attention)
+                           kernel_call=kernel_call, checked_kernel=checked_kernel,
+                           check_deterministic=check_deterministic, BAD_ARGS=BAD_ARGS, SDPA=SDPA,
+                           causal_mask=causal_mask, attention=attention)
 
 
 def pytest_generate_tests(metafunc):

@@ -16,14 +16,19 @@ this before the submission is imported, so a kernel decorated at import is count
 The count is an in-process figure: a submission can blind or forge it (it runs in the same
 process). It proves that a kernel ran, not what the kernel did: graders check the values, and
 the ATen ops the call ran outside its kernels.
+
+Under ``TRITON_INTERPRET=1`` :func:`install` also makes ``@triton.autotune`` use the first of
+its (pruned) configs without timing them: the interpreter has no GPU to time on, and Triton's
+own autotuner fails there with "0 active drivers" once it has two configs to compare.
 """
 from __future__ import annotations
 
 import contextlib
 import dataclasses
+import os
 
 _ACTIVE: list = []       # the open counters (nested measurements all count)
-_WRAPPED: dict = {}      # class -> its original ``run``
+_WRAPPED: dict = {}      # class -> its original ``run`` (``prune_configs`` for the autotuner)
 
 
 @dataclasses.dataclass
@@ -59,9 +64,33 @@ def _wrap(cls) -> None:
     cls.run = run
 
 
+def _first_config_when_interpreted(cls) -> None:
+    """``cls.prune_configs`` (``triton.runtime.autotuner.Autotuner``) keeps only the first config
+    under the interpreter: with one config left, ``Autotuner.run`` picks it without benchmarking."""
+    original = cls.__dict__.get("prune_configs")
+    if original is None or cls in _WRAPPED:
+        return
+
+    def prune_configs(self, kwargs):
+        configs = original(self, kwargs)
+        return configs[:1] if _interpreting() else configs
+
+    _WRAPPED[cls] = original
+    cls.prune_configs = prune_configs
+
+
+def _interpreting() -> bool:
+    try:
+        from triton import knobs
+        return bool(knobs.runtime.interpret)
+    except (ImportError, AttributeError):
+        return os.environ.get("TRITON_INTERPRET") == "1"
+
+
 def install() -> bool:
-    """Wrap the launch path of ``JITFunction`` and ``InterpretedFunction`` (idempotent).
-    Imports Triton (about 0.25 s). Returns False where Triton is not installed."""
+    """Wrap the launch path of ``JITFunction`` and ``InterpretedFunction``, and the autotuner's
+    config pruning (idempotent). Imports Triton (about 0.25 s). Returns False where Triton is
+    not installed."""
     try:
         from triton.runtime import jit
     except ImportError:
@@ -70,6 +99,9 @@ def install() -> bool:
     with contextlib.suppress(ImportError):
         from triton.runtime import interpreter
         _wrap(interpreter.InterpretedFunction)
+    with contextlib.suppress(ImportError):
+        from triton.runtime import autotuner
+        _first_config_when_interpreted(autotuner.Autotuner)
     return True
 
 

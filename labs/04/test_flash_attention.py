@@ -7,6 +7,8 @@ graders use other inputs, more shapes, dtypes and layouts (see README.md).
 """
 from __future__ import annotations
 
+import re
+
 import pytest
 import torch
 
@@ -68,8 +70,13 @@ def test_part_a_allocation_bound(impl):
 
 def test_part_a_bad_dtype_raises(impl):
     q, k, v = _qkv(1, 1, 4, 4, 16)
-    with pytest.raises(TypeError, match=r"\bk\b"):
+    try:
         impl.flash_attention_torch(q, k.half(), v)
+    except TypeError as e:
+        assert re.search(r"\bk\b", str(e)), f"raised TypeError({str(e)!r}); the message should name k"
+    else:
+        raise AssertionError("flash_attention_torch(q, k.half(), v), k-dtype-differs: expected TypeError naming k, "
+                             "nothing was raised (call _check_inputs first)")
 
 
 # --- Part B ---

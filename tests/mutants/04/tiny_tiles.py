@@ -3,7 +3,8 @@ L1"). Values, lse and the memory bound are all right, but a 256-long sequence ta
 1024 tiles of a dozen small ops each instead of 16.
 
 Caught by: test_part_a_cpu_speed_vs_sdpa (no performance credit: its time ratio to
-SDPA is past zero_credit).
+SDPA is past zero_credit), which runs before the determinism and memory tests, where 8 x 8
+tiles of 1024-long rows under the allocation tracker take minutes.
 """
 MUTATE = [
     ('            raise ValueError(f"{name} must be a positive int, got {b!r}")\n    B, H, Lq, D = q.shape\n',
