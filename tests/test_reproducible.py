@@ -81,3 +81,33 @@ def test_the_seed_never_reaches_a_students_results(seeded_course, tmp_path):
     assert result.seed == grading.grading_seed(grading.course_secret(manifest.load(seeded_course)),
                                                manifest.load(seeded_course).lab("07"),
                                                b"def add(x, y=1):\n    return x + y + 1\n")
+
+
+# one mutant per lab, graded twice on the tests that catch it (their inputs are drawn from
+# the seed); perf tests are left out: a time ratio moves with the machine, not the seed
+REAL = [("01", "floor_chunk_size", "test_reduce_scatter_returns_reduced_chunk_of_rank"),
+        ("02", "pad_last_rank_only", "test_n_not_divisible_by_w_padding_never_leaks"),
+        ("03", "default_scale_without_sqrt", "test_output_matches_float64_oracle"),
+        ("04", "nan_fully_masked_rows", "test_part_a_matches_float64_attention"),
+        ("05", "padding_keys_attended", "test_left_padded_batch_equals_each_prompt_alone"),
+        ("06", "strided_groups", "test_symmetric_codes_scale_dtypes_shapes_and_range")]
+
+
+@pytest.mark.parametrize("number, mutant, select", REAL, ids=[f"{n}-{m}" for n, m, _ in REAL])
+def test_a_real_mutant_regraded_gets_the_same_score_and_a_changed_comment_fresh_inputs(
+        number, mutant, select, tmp_path, monkeypatch):
+    from tests.conftest import ROOT, course, materialize_mutant
+    monkeypatch.setenv(grading.SECRET_ENV, "a course secret for this test")
+    real = course()
+    lab = real.lab(number)
+    impl = materialize_mutant(ROOT / "tests" / "mutants" / number / f"{mutant}.py", lab, tmp_path)
+    runs = [grading.grade(impl, lab, real, select=select) for _ in range(2)]
+    assert runs[0].tests and runs[0].seed == runs[1].seed
+    assert [(t.name, t.outcome) for t in runs[0].tests] == [(t.name, t.outcome) for t in runs[1].tests]
+    assert runs[0].score == runs[1].score and any(t.outcome == "failed" for t in runs[0].tests)
+    text = (impl / number / lab.filename).read_bytes()
+    secret = grading.course_secret(real)
+    assert runs[0].seed == grading.grading_seed(secret, lab, text)
+    assert grading.grading_seed(secret, lab, text + b"# one changed comment\n") != runs[0].seed
+    shown = json.dumps(runs[0].to_gradescope())
+    assert str(runs[0].seed) not in shown
