@@ -16,7 +16,7 @@ import torch
 from harness.oracles import attention
 from harness.bench import geomean
 from harness.sandbox import gradcheck, is_instance, param_grads, timed, vjp
-from harness.testing import MiB, assert_close, assert_memory, call_id, checked, measure_checked, randn, tolerance
+from harness.testing import MiB, assert_close, expect_raises, assert_memory, call_id, checked, measure_checked, randn, tolerance
 
 SDPA = "torch.nn.functional.scaled_dot_product_attention"
 
@@ -48,15 +48,6 @@ def _vid(c):
     B, Hq, Hkv, Lq, Lk, D, causal, scale, dtype, layout = c
     return call_id(B=B, Hq=Hq, Hkv=Hkv, Lq=Lq, Lk=Lk, D=D, dtype=str(dtype).split(".")[-1]) \
         + ("-causal" if causal else "") + (f"-scale{scale}" if scale else "") + f"-{layout}"
-
-
-def _raises(exc, fn, *args, case, **kwargs):
-    """``fn(*args, **kwargs)`` must raise ``exc`` (another exception propagates as it is)."""
-    try:
-        fn(*args, **kwargs)
-    except exc:
-        return
-    raise AssertionError(f"{case} must raise {exc.__name__}; the call returned without an error")
 
 
 def _head_hint(out, ref, Hq, Hkv, atol, rtol):
@@ -133,21 +124,21 @@ def test_mqa_and_mha_are_ordinary_cases(impl, gen, kind, causal):
 @pytest.mark.parametrize("Hq,Hkv", [(6, 4), (3, 2), (4, 3)], ids=lambda x: str(x))
 def test_non_divisible_head_counts_raise_value_error(impl, gen, Hq, Hkv):
     q, k, v = _qkv(gen, 1, Hq, Hkv, 3, 5, 8)
-    _raises(ValueError, impl.grouped_query_attention, q, k, v,
-            case=f"Hq={Hq}, Hkv={Hkv} (Hq % Hkv != 0: query heads cannot be grouped)")
+    expect_raises(ValueError, f"Hq={Hq}, Hkv={Hkv} (Hq % Hkv != 0: query heads cannot be grouped)",
+                  impl.grouped_query_attention, q, k, v)
 
 
 @pytest.mark.part("A")
 def test_empty_keys_raise_value_error(impl, gen):
     q, k, v = _qkv(gen, 1, 4, 2, 3, 0, 8)
-    _raises(ValueError, impl.grouped_query_attention, q, k, v, case="Lk=0 (no keys; the contract needs Lk >= 1)")
+    expect_raises(ValueError, "Lk=0 (no keys; the contract needs Lk >= 1)", impl.grouped_query_attention, q, k, v)
 
 
 @pytest.mark.part("A")
 def test_mixed_dtypes_raise_type_error(impl, gen):
     q, k, v = _qkv(gen, 1, 4, 2, 3, 5, 8)
-    _raises(TypeError, impl.grouped_query_attention, q, k.to(torch.float64), v,
-            case="q float32, k float64, v float32 (q, k, v must share a dtype)")
+    expect_raises(TypeError, "q float32, k float64, v float32 (q, k, v must share a dtype)",
+                  impl.grouped_query_attention, q, k.to(torch.float64), v)
 
 
 def _first_mask_error(out, ref, Lq, Lk):
@@ -333,9 +324,8 @@ def test_projection_shapes_follow_head_counts(impl, gen, case):
 @pytest.mark.parametrize("args", [(32, 4, 3), (30, 4, 2), (32, 0, 1), (32, 4, 0)], ids=lambda a: "d{}-H{}-Hkv{}".format(*a))
 def test_invalid_module_head_counts_raise_value_error(impl, args):
     d, H, Hkv = args
-    _raises(ValueError, impl.GroupedQueryAttention, *args,
-            case=f"GroupedQueryAttention(d_model={d}, n_heads={H}, n_kv_heads={Hkv}) (head counts >= 1, "
-                 "n_heads % n_kv_heads == 0, d_model % n_heads == 0)")
+    expect_raises(ValueError, f"GroupedQueryAttention(d_model={d}, n_heads={H}, n_kv_heads={Hkv}) (head counts >= 1, "
+                 "n_heads % n_kv_heads == 0, d_model % n_heads == 0)", impl.GroupedQueryAttention, *args)
 
 
 @pytest.mark.part("B")

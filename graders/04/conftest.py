@@ -22,7 +22,7 @@ import torch
 
 from harness.oracles import attention, causal_mask
 from harness.sandbox import measure, restart
-from harness.testing import DTYPES, assert_close, checked, randn, tolerance
+from harness.testing import DTYPES, assert_close, checked, expect_raises, randn, tolerance
 
 SDPA = "torch.nn.functional.scaled_dot_product_attention"
 # ATen ops (overload names, any in-place "_" dropped) of attention math: a Part B call runs
@@ -235,19 +235,10 @@ def check_near_minus_1e6(result, q, k, v, case):
 
 
 def check_raises(fn, exc, arg, match, case):
-    """``fn()`` must raise ``exc`` whose message names ``arg`` (regex ``match``)."""
-    try:
-        fn()
-    except exc as e:
-        if not re.search(match, str(e)):
-            raise AssertionError(f"{case}: raised {exc.__name__}({str(e)!r}) but the message should name "
-                                 f"{arg}") from None
-        return
-    except NotImplementedError:
-        raise
-    except Exception as e:
-        raise AssertionError(f"{case}: expected {exc.__name__} naming {arg}, got {type(e).__name__}: {e}") from None
-    raise AssertionError(f"{case}: expected {exc.__name__} naming {arg}, nothing was raised")
+    """``fn()`` must raise ``exc`` (:func:`harness.testing.expect_raises`) whose message names
+    ``arg`` (regex ``match``)."""
+    e = expect_raises(exc, f"{case} (an error naming {arg})", fn)
+    assert re.search(match, str(e)), f"{case}: raised {exc.__name__}({str(e)!r}) but the message should name {arg}"
 
 
 BAD_ARGS = [

@@ -19,7 +19,7 @@ import pytest
 import torch
 
 from harness.sandbox import held_storages, is_remote, resident_bytes
-from harness.testing import MiB, assert_close, checked, measure_checked, randn
+from harness.testing import MiB, assert_close, expect_raises, checked, measure_checked, randn
 
 
 def _gsize(in_f, group_size):
@@ -71,15 +71,6 @@ def _scale_matches(scale, ref, rtol, what, case):
     if type(scale) is torch.Tensor and tuple(scale.shape) == tuple(ref.shape):
         scale = torch.where(ref == 0, ref, scale.detach().to(torch.float64))
     assert_close(scale, ref, atol=0, rtol=rtol, what=what, case=case)
-
-
-def _raises(exc, fn, *args, case, **kwargs):
-    """``fn(*args, **kwargs)`` must raise ``exc`` (another exception propagates as it is)."""
-    try:
-        fn(*args, **kwargs)
-    except exc:
-        return
-    raise AssertionError(f"{case} must raise {exc.__name__}; the call returned without an error")
 
 
 def _shown(t, bad, n=3):
@@ -339,8 +330,8 @@ def test_scale_shape_per_row_or_per_group(impl, gen, gs):
 def test_group_size_not_dividing_in_raises_value_error(impl, gen, gs):
     w = randn((4, 36), gen)
     for name, bits in (("quantize_symmetric", 8), ("quantize_asymmetric", 4)):
-        _raises(ValueError, getattr(impl, name), w, bits=bits, group_size=gs,
-                case=f"{name}(w (4, 36), bits={bits}, group_size={gs}) (36 % {gs} != 0)")
+        expect_raises(ValueError, f"{name}(w (4, 36), bits={bits}, group_size={gs}) (36 % {gs} != 0)",
+                      getattr(impl, name), w, bits=bits, group_size=gs)
 
 
 @pytest.mark.part("A")
@@ -432,15 +423,15 @@ def test_pack_accepts_every_integer_dtype(impl, gen, dtype):
 @pytest.mark.part("B")
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.float64], ids=["fp32", "fp16", "fp64"])
 def test_pack_rejects_floating_codes_with_type_error(impl, dtype):
-    _raises(TypeError, impl.pack_int4, torch.tensor([[3.0, 9.0, 1.0, 14.0]], dtype=dtype),
-            case=f"pack_int4 of {dtype} codes (codes must have an integer dtype)")
+    expect_raises(TypeError, f"pack_int4 of {dtype} codes (codes must have an integer dtype)",
+                  impl.pack_int4, torch.tensor([[3.0, 9.0, 1.0, 14.0]], dtype=dtype))
 
 
 @pytest.mark.part("B")
 @pytest.mark.parametrize("n", [1, 7])
 def test_pack_odd_length_raises_value_error(impl, gen, n):
-    _raises(ValueError, impl.pack_int4, torch.randint(0, 16, (2, n), generator=gen, dtype=torch.uint8),
-            case=f"pack_int4 of shape (2, {n}) (the last dim must be even)")
+    expect_raises(ValueError, f"pack_int4 of shape (2, {n}) (the last dim must be even)",
+                  impl.pack_int4, torch.randint(0, 16, (2, n), generator=gen, dtype=torch.uint8))
 
 
 @pytest.mark.part("B")
@@ -449,7 +440,8 @@ def test_pack_odd_length_raises_value_error(impl, gen, n):
 def test_pack_out_of_range_code_raises_value_error(impl, gen, bad, dtype):
     codes = torch.randint(0, 16, (2, 8), generator=gen).to(dtype)
     codes[1, 5] = bad
-    _raises(ValueError, impl.pack_int4, codes, case=f"pack_int4 of {dtype} codes holding {bad} (codes are in [0, 15])")
+    expect_raises(ValueError, f"pack_int4 of {dtype} codes holding {bad} (codes are in [0, 15])",
+                  impl.pack_int4, codes)
 
 
 @pytest.mark.part("B")
