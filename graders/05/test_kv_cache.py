@@ -15,7 +15,7 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-from harness.sandbox import (SandboxError, call_views, fill_held_nan, held_bytes, held_storages, is_remote, measure,
+from harness.sandbox import (SandboxError, call_views, fill_held, held_bytes, held_storages, is_remote, measure,
                              timed, watch_storages)
 from harness.testing import DTYPES, assert_close, checked, devices, expect_raises
 
@@ -131,9 +131,9 @@ def raw_bytes(obj, what="KVCache"):
     return found
 
 
-def fill_nan(obj, what="KVCache"):
-    """Every floating tensor ``obj`` holds filled with NaN, in place."""
-    assert fill_held_nan(obj, deep=True), NO_STORAGE.format(what=what)
+def fill(obj, value, what="KVCache"):
+    """Every floating tensor ``obj`` holds filled with ``value``, in place."""
+    assert fill_held(obj, value, deep=True), NO_STORAGE.format(what=what)
 
 
 def assert_unchanged(before, after, bug, case):
@@ -502,17 +502,18 @@ def test_nan_prefilled_cache_gives_finite_identical_results(impl, gen):
     model = make_model(impl, gen)
     ids = prompt(gen, B, L + N)
     clean, dirty = impl.KVCache(2, B, L + N + 3, 2, 8), impl.KVCache(2, B, L + N + 3, 2, 8)
-    fill_nan(dirty)
+    fill(clean, 0.0)  # not what torch.empty left: that may be NaN too
+    fill(dirty, float("nan"))
     case = f"B={B}, prefill {L}, {N} single-token steps, max_seq_len {L + N + 3}"
     with torch.no_grad():
         want = step_logits(model, ids, [L] + [1] * N, clean)
         got = step_logits(model, ids, [L] + [1] * N, dirty)
-    check_logits(want, ref_logits(model, ids), f"{case}, a clean cache", "the NaN-prefilled cache check")
+    check_logits(want, ref_logits(model, ids), f"{case}, a zero-filled cache", "the NaN-prefilled cache check")
     bad = (~torch.isfinite(got)).any(-1).nonzero().tolist()  # [batch, position] pairs
     assert not bad, (f"slots past seq_len were read: a cache pre-filled with NaN gives non-finite logits at "
                      f"{len(bad)} of {B * (L + N)} (batch, position) pairs, {bad[:4]} ({case}); update must "
                      f"return only the stored prefix [:seq_len + T]")
-    assert_close(got, want, atol=0, rtol=0, what="a cache pre-filled with NaN gives other logits than a clean one",
+    assert_close(got, want, atol=0, rtol=0, what="a cache pre-filled with NaN gives other logits than a zero-filled one",
                  case=case)
 
 

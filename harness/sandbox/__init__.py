@@ -13,13 +13,13 @@ labs use ``harness.distributed``, which drives W servers of one worker.
 """
 from .client import (VJP, Budget, Measurement, RemoteModule, RemoteObject, Sandbox, SandboxError,
                      SandboxStartError, Timed, Worker, WorkerConfig, WorkerCrashed, WorkerTimeout, call_views,
-                     fill_held_nan, gradcheck, held_bytes, held_storages, is_instance, is_remote, measure,
+                     fill_held, gradcheck, held_bytes, held_storages, is_instance, is_remote, measure,
                      measurement_from, param_grads, reachable_bytes, resident_bytes, restart, run_probe, saved_tensors, source, timed, vjp,
                      watch_storages)
 from .wire import NotTransferable, View, WireError, decode, dumps, encode, loads
 
 __all__ = ["VJP", "Budget", "Measurement", "NotTransferable", "RemoteModule", "RemoteObject", "Sandbox",
            "SandboxError", "SandboxStartError", "View", "WireError", "Worker", "WorkerConfig", "WorkerCrashed",
-           "WorkerTimeout", "call_views", "decode", "dumps", "encode", "fill_held_nan", "gradcheck", "held_bytes",
+           "WorkerTimeout", "call_views", "decode", "dumps", "encode", "fill_held", "gradcheck", "held_bytes",
            "held_storages", "is_instance", "is_remote", "loads", "measure", "measurement_from", "param_grads",
            "reachable_bytes", "resident_bytes", "restart", "run_probe", "saved_tensors", "source", "Timed", "timed", "vjp", "watch_storages"]

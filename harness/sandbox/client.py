@@ -950,10 +950,11 @@ def held_bytes(obj, *, deep: bool = False) -> list:
     return run_probe("raw_bytes", target=obj, deep=deep)[0]
 
 
-def fill_held_nan(obj, *, deep: bool = False) -> int:
+def fill_held(obj, value: float, *, deep: bool = False) -> int:
     """Fill every floating tensor ``obj``'s attributes hold (``deep``: as in
-    :func:`held_storages`) with NaN, in place; returns how many were filled."""
-    return run_probe("fill_nan", target=obj, deep=deep)[0]
+    :func:`held_storages`) with ``value`` (a float; NaN to catch reads of unwritten
+    slots, 0.0 for a deterministic start), in place; returns how many were filled."""
+    return run_probe("fill", target=obj, value=float(value), deep=deep)[0]
 
 
 def call_views(owner, fn, *args, deep: bool = False, **kwargs) -> tuple:

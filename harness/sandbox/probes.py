@@ -629,11 +629,11 @@ def probe_raw_bytes(module, target, deep=False):
             for t in held_tensors(target, deep)], {}
 
 
-def probe_fill_nan(module, target, deep=False):
-    """Fill every floating tensor ``target`` holds with NaN; the value: how many were filled."""
+def probe_fill(module, target, value, deep=False):
+    """Fill every floating tensor ``target`` holds with ``value``; the value: how many were filled."""
     floats = [t for t in held_tensors(target, deep) if t.is_floating_point()]
     for t in floats:
-        t.fill_(float("nan"))
+        t.fill_(float(value))
     return len(floats), {}
 
 
