@@ -32,6 +32,7 @@ endif
 
 test: setup
 ifneq ($(wildcard tests),)
+	$(VENV)/bin/lint-imports   # the harness's layers (pyproject.toml [tool.importlinter])
 	$(PY) -m pytest tests -n $(JOBS) --durations=15
 else
 	$(PY) -m pytest labs

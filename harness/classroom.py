@@ -67,10 +67,11 @@ from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 
-import click
 
 from . import grading, impl as _impl
 from .manifest import Course, Lab
+from .errors import LabsError
+from .gradebook import GradebookWriter
 
 ARCHIVES = (".tar.gz", ".tgz", ".tar.bz2", ".tar.xz", ".tar", ".zip")
 MAX_MEMBERS = 10_000
@@ -87,15 +88,15 @@ FIXED_COLUMNS = ["student", "lab", "score", "max", "max_runnable", "status"]
 SKIP_NAMES = {"__MACOSX", ".git", "__pycache__", ".ipynb_checkpoints"}
 
 
-class GradebookError(Exception):
+class GradebookError(LabsError):
     """The nbgrader gradebook given with ``--gradebook`` cannot be opened."""
 
 
-class UnpackError(Exception):
+class UnpackError(LabsError):
     """An archive is corrupt, unsafe or too large; the message says which and why."""
 
 
-class OutputError(Exception):
+class OutputError(LabsError):
     """The output folder cannot hold the class's results (a path there is in the way)."""
 
 
@@ -598,9 +599,8 @@ def grade_all(submissions: Path, lab: Lab, course: Course, out: Path, *, jobs: i
             book = None
 
     if gradebook:
-        from . import nbgrader_export
         try:
-            book = nbgrader_export.GradebookWriter(gradebook, lab)
+            book = GradebookWriter(gradebook, lab)
         except Exception as e:
             raise GradebookError(f"cannot open the gradebook {gradebook}: {type(e).__name__}: {e}") from None
         for row in done.values():
@@ -648,142 +648,3 @@ def grade_all(submissions: Path, lab: Lab, course: Course, out: Path, *, jobs: i
             book.close()
     run.rows = [done[s.student] for s in subs if s.student in done]
     return run
-
-
-# --- the command ------------------------------------------------------------------
-
-def _default_jobs() -> int:
-    return max(1, (os.cpu_count() or 2) // 2)
-
-
-@click.command("grade-all")
-@click.argument("submissions", type=click.Path(path_type=Path))
-@click.option("--lab", "lab_number", required=True, help="Lab number, e.g. 04.")
-@click.option("--jobs", "-j", type=int, default=None,
-              help="Submissions graded at once (default: half the CPU cores).")
-@click.option("--out", "out_dir", type=click.Path(file_okay=False, path_type=Path), default=None,
-              help="Where results go: OUT/grades.csv and OUT/students/<student>/results.json "
-                   "(default: .labs-staff/grades-labNN, git-ignored and never released).")
-@click.option("--gradebook", default=None, metavar="URL",
-              help="Also record part scores in an nbgrader gradebook (sqlite:///gradebook.db, postgresql://...).")
-@click.option("--timeout", "timeout_s", type=float, default=None,
-              help="Wall-clock limit per submission, seconds (default: labs.yaml).")
-@click.option("--sandbox", type=click.Choice(grading.SANDBOXES), default=None,
-              help="Where the graders run: docker or process (default: as for `labs grade`).")
-@click.option("--force", is_flag=True, help="Regrade every submission, even those already graded in OUT.")
-@click.option("--max-unpacked-mb", type=int, default=DEFAULT_MAX_UNPACKED_MB, show_default=True,
-              help="Refuse archives that unpack to more than this.")
-@click.pass_context
-def grade_all_command(ctx, submissions, lab_number, jobs, out_dir, gradebook, timeout_s, sandbox, force,
-                      max_unpacked_mb):
-    """Grade every student's submission in SUBMISSIONS/ with the hidden graders.
-
-    One entry per student: a folder (a checkout, NN/<module>.py, or the lab files)
-    or a .zip/.tar.gz of one. Results are written as each submission finishes, so
-    a killed run picks up where it stopped. Exit status 0 whenever grading ran.
-    """
-    from rich.console import Console
-    from rich.markup import escape  # names and statuses are the students' text, never markup
-    from rich.table import Table
-
-    from .cli import ExitCode, LabsError, _course, _lab, staff_output
-    course = _course(ctx)
-    lab = _lab(course, lab_number)
-    if not submissions.is_dir():
-        raise LabsError(f"submissions folder {submissions} is not a directory",
-                        hint="pass a folder holding one folder or archive per student")
-    out = staff_output(course, out_dir, f"grades-lab{lab.number}", "--out")
-    jobs = jobs or _default_jobs()
-    if sandbox is None:
-        from . import container
-        sandbox, why = container.choose_sandbox(course)
-        if why:
-            click.echo(f"labs: note: {why}", err=True)
-    if gradebook:
-        try:
-            from . import nbgrader_export
-            nbgrader_export.require_nbgrader()
-        except ImportError as e:
-            raise LabsError(str(e), hint="pip install 'ai-infra-labs[nbgrader]'") from None
-
-    console = Console(highlight=False, soft_wrap=True)
-    err = Console(stderr=True, highlight=False, soft_wrap=True)
-    tty = console.is_terminal
-    state = {"total": 0, "skipped": 0, "done": 0, "failed": 0}
-    progress = task = None
-    if tty:
-        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-        progress = Progress(TextColumn("[bold]lab {task.fields[lab]}[/]"), BarColumn(), MofNCompleteColumn(),
-                            TextColumn("ok {task.fields[ok]}  [red]failed {task.fields[failed]}[/]"),
-                            TimeElapsedColumn(), console=console, transient=False)
-
-    def on_start(total, skipped):
-        state.update(total=total, skipped=skipped)
-        if skipped:
-            err.print(escape(f"labs: note: skipping {skipped} submission(s) already graded in {out} "
-                             f"(--force regrades)"))
-        if progress is not None:
-            nonlocal task
-            progress.start()
-            task = progress.add_task("grading", total=total - skipped, lab=lab.number, ok=0, failed=0)
-        else:
-            console.print(f"grading {total - skipped} of {total} submission(s) of lab {lab.number}, "
-                          f"{jobs} at a time")
-
-    def on_row(row: Row):
-        state["done"] += 1
-        if not row.ok:
-            state["failed"] += 1
-        if progress is not None:
-            progress.update(task, advance=1, ok=state["done"] - state["failed"], failed=state["failed"])
-        else:
-            ed = row.results["extra_data"]
-            console.print(escape(f"[{state['done']}/{state['total'] - state['skipped']}] {row.student}: "
-                                 f"{score_text(row.results) or '-'}/{ed['max_score']:g} {row.status} "
-                                 f"({row.duration_s:.1f} s)"))
-
-    stop = threading.Event()
-    try:
-        run = grade_all(submissions, lab, course, out, jobs=jobs, timeout_s=timeout_s, sandbox=sandbox,
-                        force=force, gradebook=gradebook, max_bytes=max_unpacked_mb << 20,
-                        on_start=on_start, on_row=on_row, stop=stop)
-    except GradebookError as e:
-        raise LabsError(str(e), hint="pass an SQLAlchemy URL: sqlite:///gradebook.db or postgresql://...") from None
-    except OutputError as e:
-        raise LabsError(str(e), hint="pass another --out, or move that path away") from None
-    finally:
-        if progress is not None:
-            progress.stop()
-    for note in run.notes:
-        err.print(escape(f"labs: note: {note}"))
-    if not run.rows:
-        err.print(escape(f"labs: warning: {submissions} holds no submission (one folder or archive per student): "
-                         f"nothing was graded"))
-
-    table = Table(title=f"Lab {lab.number} — {lab.title}: {len(run.rows)} submission(s)")
-    for col, kw in (("Student", {}), ("Score", {"justify": "right"}), ("Max", {"justify": "right"}),
-                    ("Status", {}), ("Time", {"justify": "right"})):
-        table.add_column(col, **kw)
-    for r in run.rows:
-        ed = r.results["extra_data"]
-        style = "green" if r.ok else "red"
-        table.add_row(escape(r.student), score_text(r.results) or "-", f"{ed.get('max_score', lab.points):g}",
-                      f"[{style}]{escape(r.status[:90])}[/]", "skipped" if r.skipped else f"{r.duration_s:.1f} s")
-    console.print(table)
-    scores = [r.results["score"] for r in run.rows if r.results.get("score") is not None]
-    mean = sum(scores) / len(scores) if scores else 0.0
-    ambiguous = sum(bool(r.results["extra_data"].get("entries")) for r in run.rows)
-    console.print(escape(f"{len(run.graded)} graded now, {len(run.rows) - len(run.graded)} skipped (already graded), "
-                         f"{sum(not r.ok for r in run.rows)} not ok"
-                         + (f" ({ambiguous} ambiguous: keep one entry each and rerun)" if ambiguous else "")
-                         + f"; mean {mean:.2f} / {lab.points:g}; "
-                         f"results in {out}/ ({CSV_NAME}, {STUDENTS_DIR}/<student>/{RESULTS_NAME})"))
-    if run.gradebook_error:
-        raise LabsError(f"grades.csv and results.json are complete, but recording in the gradebook stopped: "
-                        f"{run.gradebook_error}", ExitCode.GRADING_FAILED,
-                        hint="fix the gradebook and rerun with the same --out and --gradebook: "
-                             "graded submissions are skipped and recorded again")
-    if run.grading_errors:
-        first = run.grading_errors[0].status
-        raise LabsError(f"grading failed for {len(run.grading_errors)} submission(s): {first}",
-                        ExitCode.GRADING_FAILED, hint="check graders/ and labs.yaml; rerun to retry those")

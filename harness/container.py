@@ -20,7 +20,7 @@ the host network (CI's engine runs with ``--bridge=none``).
 
 Grade (``run``, called by ``harness.grading.run(..., sandbox="docker")``):
 the same pytest command as the in-process path, run by ``python -m
-harness.container`` inside the image as root (the trusted grader), with no
+harness.grading`` inside the image as root (the trusted grader), with no
 network, the lab's CPU/memory/pids limits, a read-only root file system, the
 staged submission mounted read-only at ``IMPL_MOUNT`` and a results folder
 mounted at ``/results``, where the run writes JSON only. The wall-clock limit
@@ -43,6 +43,7 @@ from pathlib import Path
 from typing import Callable
 
 from . import manifest
+from .errors import GradingError, LabsError
 
 IMPL_MOUNT = "/labs-submission"   # the staged submission, read-only
 RESULTS_MOUNT = "/results"        # JSON written by the run inside
@@ -58,7 +59,7 @@ COURSE_FILES = ("labs.yaml", "pyproject.toml", "harness", "labs", "graders")
 GRACE_S = 120.0
 
 
-class ContainerError(Exception):
+class ContainerError(LabsError):
     """The engine or the image is not usable; the message is one line for staff."""
 
 
@@ -321,7 +322,6 @@ def run(course: manifest.Course, lab: manifest.Lab, impl_root: Path, results: Pa
     the host has the NVIDIA container toolkit. The container is killed after
     ``kill_after_s`` (default: the wall-clock limit + ``GRACE_S``) if the limit
     inside did not end the run; what was graded by then is kept."""
-    from .grading import GradingError
 
     try:
         client = engine()
@@ -346,7 +346,7 @@ def run(course: manifest.Course, lab: manifest.Lab, impl_root: Path, results: Pa
     kwargs = dict(
         # the seed travels in the environment: PID 1's command line is readable by every
         # user in the container (no PID namespace of its own), its environment only by root
-        command=["python", "-m", "harness.container", lab.number, str(wall)],
+        command=["python", "-m", "harness.grading", lab.number, str(wall)],
         network_mode="none", read_only=True, working_dir=COURSE_IN_IMAGE,
         tmpfs={"/tmp": "rw,exec,nosuid,size=2g"}, shm_size="512m",
         mem_limit=f"{limits.memory_mb}m", memswap_limit=f"{limits.memory_mb}m",
@@ -389,7 +389,6 @@ def run(course: manifest.Course, lab: manifest.Lab, impl_root: Path, results: Pa
 def _read_results(out_dir: Path, kill_after_s: float, killed: bool, status, logs: str) -> tuple[dict, str]:
     """The run's JSON: ``outcome.json`` (written by the run inside when it
     finished), else the results plugin's ``results.json`` (the run was killed)."""
-    from .grading import GradingError
 
     outcome, partial = out_dir / "outcome.json", out_dir / "results.json"
     try:
@@ -413,35 +412,3 @@ def _read_results(out_dir: Path, kill_after_s: float, killed: bool, status, logs
     if raw["errors"]:
         raise GradingError("graders failed to collect: " + raw["errors"][0][-1500:])
     return raw, why
-
-
-# --- inside the container ------------------------------------------------------
-
-def _inside(argv: list[str]) -> int:
-    """``python -m harness.container LAB WALL_S`` with ``LABS_SEED`` in the environment,
-    run by ``run`` in the image: the in-process grading path, its outcome written
-    to /results as JSON."""
-    from . import grading
-
-    number, wall = argv[0], float(argv[1])
-    seed = int(os.environ.pop("LABS_SEED"))
-    out = Path(RESULTS_MOUNT)
-    try:
-        course = manifest.load(COURSE_IN_IMAGE)
-        lab = course.lab(number)
-        raw, note = grading.run(course, lab, Path(IMPL_MOUNT), out / "results.json", seed, timeout_s=wall,
-                                sandbox="process")
-        data = {"raw": raw, "note": note}
-    except (grading.GradingError, manifest.ManifestError, KeyError) as e:
-        data = {"error": str(e).strip("'\"")}
-    grading.write_json_atomic(out / "outcome.json", data)
-    owner = os.environ.get("LABS_RESULTS_OWNER", "")
-    if owner and os.geteuid() == 0:  # let a non-root host user read what root wrote
-        uid, gid = (int(x) for x in owner.split(":"))
-        for f in out.iterdir():
-            os.chown(f, uid, gid)
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(_inside(sys.argv[1:]))

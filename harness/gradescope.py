@@ -30,7 +30,6 @@ import stat
 import zipfile
 from pathlib import Path
 
-import click
 
 from . import grading
 from .manifest import Course, Lab
@@ -203,56 +202,3 @@ def finalize(raw_path: Path, out_path: Path, *, status: int, log: str, module: s
     res.setdefault("leaderboard", [])
     grading.write_json_atomic(out_path, res)
     return res
-
-
-@click.group("gradescope")
-def gradescope_group():
-    """Gradescope: build the autograder zip for a lab."""
-
-
-@gradescope_group.command("build")
-@click.option("--lab", "lab_number", required=True, help="Lab number, e.g. 04.")
-@click.option("--out", "out", type=click.Path(dir_okay=False, path_type=Path), default=None,
-              help="Zip to write (default: .labs-staff/gradescope-labNN.zip; never inside the course "
-                   "tree elsewhere: the zip holds the hidden graders).")
-@click.option("--visibility", type=click.Choice(VISIBILITIES), default="after_published", show_default=True,
-              help="Gradescope visibility of the hidden grader tests.")
-@click.pass_context
-def build_command(ctx, lab_number, out, visibility):
-    """Write the Gradescope autograder zip for a lab (setup.sh, run_autograder, the
-    harness and the lab's hidden graders; never solutions/)."""
-    from .cli import ExitCode, LabsError, _course, _lab, gpu_points, staff_output
-    course = _course(ctx)
-    lab = _lab(course, lab_number)
-    out = staff_output(course, out, f"gradescope-lab{lab.number}.zip", "--out")
-    try:
-        names = build_zip(course, lab, out, visibility)
-    except FileNotFoundError as e:
-        raise LabsError(str(e), ExitCode.USAGE, hint="graders/NN/ must exist to build an autograder") from None
-    click.echo(f"wrote {out} ({len(names)} files, {out.stat().st_size / 1024:.0f} KiB): upload it as the "
-               f"autograder of lab {lab.number}")
-    gpu = gpu_points(course, lab)
-    if gpu:
-        click.echo(f"labs: warning: {gpu:g} of lab {lab.number}'s {lab.points:g} points need a GPU, and "
-                   f"Gradescope's workers have none: those tests show as not run and score 0. Either rescale "
-                   f"the assignment to the runnable maximum ({lab.points - gpu:g} points; results.json "
-                   f"extra_data.max_score_runnable), or grade the GPU tests on the course's GPU runners.",
-                   err=True)
-
-
-@gradescope_group.command("finalize", hidden=True)
-@click.argument("raw", type=click.Path(dir_okay=False, path_type=Path))
-@click.argument("out", type=click.Path(dir_okay=False, path_type=Path))
-@click.option("--status", type=int, default=0, help="Exit status of `labs grade`.")
-@click.option("--log", "log_path", type=click.Path(dir_okay=False, path_type=Path), default=None)
-@click.option("--module", default="", help="The graded file, relative to the submission ('' when none).")
-@click.option("--lab", "lab_number", required=True)
-@click.option("--visibility", type=click.Choice(VISIBILITIES), default="after_published")
-@click.pass_context
-def finalize_command(ctx, raw, out, status, log_path, module, lab_number, visibility):
-    """(run_autograder) Write Gradescope's results.json from `labs grade --json` output."""
-    from .cli import _course, _lab
-    lab = _lab(_course(ctx), lab_number)
-    log = log_path.read_text(errors="replace") if log_path and log_path.is_file() else ""
-    res = finalize(raw, out, status=status, log=log, module=module, lab=lab, visibility=visibility)
-    click.echo(f"results.json: score {res['score']:g}, {len(res['tests'])} tests")

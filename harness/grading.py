@@ -40,21 +40,10 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from . import impl as _impl
+from . import container, impl as _impl, manifest as _manifest
+from .errors import GradingError, InfraFailure  # noqa: F401  (grading.GradingError: part of this module's API)
 from .manifest import Course, Lab
 
-
-class GradingError(Exception):
-    """Grading could not run (graders missing or broken, bad course config)."""
-
-
-class InfraFailure(GradingError):
-    """The grading infrastructure failed (the sandbox could not start, the grader run
-    crashed): not the submission's fault, so no score. ``reason`` is one line."""
-
-    def __init__(self, reason: str):
-        self.reason = " ".join(reason.split())[:1000]
-        super().__init__(f"grading failed: {self.reason}")
 
 
 @dataclass
@@ -252,7 +241,6 @@ def run(course: Course, lab: Lab, impl_root: Path, results: Path, seed: int,
     if sandbox == "docker" and select is not None:
         raise ValueError("select runs in the process sandbox only")
     if sandbox == "docker":
-        from . import container
         return container.run(course, lab, impl_root, results, seed, timeout_s)
     if sandbox != "process":
         raise ValueError(f"sandbox must be one of {', '.join(SANDBOXES)}, got {sandbox!r}")
@@ -398,3 +386,79 @@ def write_json_atomic(path: Path | str, data: dict) -> None:
     with os.fdopen(fd, "w") as f:
         json.dump(data, f, indent=2)
     os.replace(tmp, path)
+
+
+def gpu_points(course: Course, lab: Lab) -> float:
+    """Points of ``lab`` (bonus parts aside) that only a GPU can earn: its grader tests
+    marked ``gpu``, weighted as ``grading.score`` does. 0 without graders (a student
+    checkout). One ``pytest --collect-only`` of every lab's graders, cached in
+    ``.labs-staff/gpu-points.json`` by the graders' and labs.yaml's bytes."""
+    root = course.root
+    graders = sorted(p for p in (root / "graders").rglob("*.py") if "__pycache__" not in p.parts) \
+        if (root / "graders").is_dir() else []
+    if not (root / "graders" / lab.number).is_dir():
+        return 0.0
+    key = hashlib.sha256((root / _manifest.MANIFEST).read_bytes())
+    for p in graders:
+        key.update(p.relative_to(root).as_posix().encode() + b"\0" + p.read_bytes())
+    cache = root / _manifest.STAFF_DIR / "gpu-points.json"
+    try:
+        cached = json.loads(cache.read_text())
+        if cached.get("key") == key.hexdigest():
+            return cached["points"].get(lab.number, 0.0)
+    except (OSError, ValueError, AttributeError):
+        pass
+    points = {}
+    with tempfile.TemporaryDirectory(prefix="labs-collect-") as tmp:
+        out = Path(tmp) / "collected.json"
+        cmd = [sys.executable, "-m", "pytest", str(root / "graders"), "--collect-only", "-q", "--labs-results",
+               str(out), "--rootdir", str(root), "-p", "no:cacheprovider", "-o", "addopts=--import-mode=importlib"]
+        env = {**os.environ, "LABS_COURSE": str(root), "LABS_PROGRESS": "off"}
+        subprocess.run(cmd, cwd=root, env=env, capture_output=True, timeout=600)
+        try:
+            raw = json.loads(out.read_text())
+        except (OSError, ValueError):
+            return 0.0
+    for num, spec in course.labs.items():
+        tests = [t for t in raw["tests"] if f"/graders/{num}/" in "/" + t["nodeid"]]
+        try:
+            scored = score({"tests": tests}, spec)
+        except GradingError:
+            continue
+        points[num] = round(sum(t.max_score for t in scored if "gpu" in t.tags and not t.bonus), 1)
+    try:
+        cache.parent.mkdir(mode=0o700, exist_ok=True)
+        cache.write_text(json.dumps({"key": key.hexdigest(), "points": points}))
+    except OSError:
+        pass
+    return points.get(lab.number, 0.0)
+
+
+# --- inside the container ------------------------------------------------------
+
+def _inside(argv: list[str]) -> int:
+    """``python -m harness.grading LAB WALL_S`` with ``LABS_SEED`` in the environment,
+    run by ``container.run`` in the image: the in-process grading path, its outcome
+    written to /results as JSON."""
+    number, wall = argv[0], float(argv[1])
+    seed = int(os.environ.pop("LABS_SEED"))
+    out = Path(container.RESULTS_MOUNT)
+    try:
+        course = _manifest.load(container.COURSE_IN_IMAGE)
+        lab = course.lab(number)
+        raw, note = run(course, lab, Path(container.IMPL_MOUNT), out / "results.json", seed, timeout_s=wall,
+                        sandbox="process")
+        data = {"raw": raw, "note": note}
+    except (GradingError, _manifest.ManifestError, KeyError) as e:
+        data = {"error": str(e).strip("'\"")}
+    write_json_atomic(out / "outcome.json", data)
+    owner = os.environ.get("LABS_RESULTS_OWNER", "")
+    if owner and os.geteuid() == 0:  # let a non-root host user read what root wrote
+        uid, gid = (int(x) for x in owner.split(":"))
+        for f in out.iterdir():
+            os.chown(f, uid, gid)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(_inside(sys.argv[1:]))

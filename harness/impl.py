@@ -19,11 +19,12 @@ from pathlib import Path
 from types import ModuleType
 
 from .manifest import Course, Lab
+from .errors import LabsError
 
 ALIASES = {"student": "labs", "solution": "solutions"}
 
 
-class ImplError(Exception):
+class ImplError(LabsError):
     """The implementation cannot be found, imported, or does not match the contract."""
 
 

@@ -16,18 +16,15 @@ from typing import Dict, List, Optional
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from .errors import LabsError
 
 MANIFEST = "labs.yaml"
 STAFF_DIR = ".labs-staff"  # staff outputs and the grading secret: git-ignored, never released
 
 
-class ManifestError(Exception):
-    """``labs.yaml`` is missing or invalid; the message (one line) names file and key,
-    ``hint`` says what to fix."""
-
-    def __init__(self, message: str, hint: str = ""):
-        super().__init__(message)
-        self.hint = hint
+class ManifestError(LabsError):
+    """``labs.yaml`` is missing or invalid, or names no such lab; the message (one
+    line) names file and key, ``hint`` says what to fix."""
 
 
 class _Strict(BaseModel):
@@ -86,7 +83,6 @@ class Lab(_Strict):
     parts: Dict[str, Part]
     perf: Dict[str, PerfThreshold] = {}
     requires: List[str] = Field([], description="optional packages the lab needs, e.g. triton")
-    world_sizes: List[int] = Field([1], description="process-group sizes the graders spawn")
     limits: Limits = Limits()
 
     @field_validator("module")
@@ -135,12 +131,35 @@ class Course(_Strict):
         return out
 
     def lab(self, number: str | int) -> Lab:
-        """The lab numbered ``number`` ('4', 4 or '04'); ``KeyError`` names the known labs."""
+        """The lab numbered ``number`` ('4', 4 or '04'). Raises ManifestError naming the
+        number given and the labs ``labs.yaml`` lists."""
         key = f"{int(number):02d}" if str(number).isdigit() else str(number)
-        try:
-            return self.labs[key]
-        except KeyError:
-            raise KeyError(f"no lab {number!r} in {MANIFEST}; labs: {', '.join(sorted(self.labs))}") from None
+        if key not in self.labs:
+            raise ManifestError(f"no lab {number!r} ({MANIFEST} lists {', '.join(sorted(self.labs))})",
+                                hint="`labs list` shows the labs")
+        return self.labs[key]
+
+    def staff_output(self, path: Path | None, default: str, option: str) -> Path:
+        """Where a staff command writes (grades, autograder zips, nbgrader courses):
+        ``path``, else ``<course>/.labs-staff/<default>`` (created, mode 0700). Raises
+        LabsError naming ``option`` (the command-line option that gave ``path``) for a
+        path inside the course tree but outside ``.labs-staff/`` (a commit or a copy of
+        the tree would take hidden graders or grades along), and for a path whose parent
+        folder does not exist (a typo is not silently created)."""
+        root = self.root.resolve()
+        staff = root / STAFF_DIR
+        if path is None:
+            staff.mkdir(mode=0o700, exist_ok=True)
+            return staff / default
+        out = Path(path).resolve()
+        if (out == root or root in out.parents) and not (out == staff or staff in out.parents):
+            raise LabsError(f"{option} {path} is inside the course tree {root}",
+                            hint=f"staff outputs go to {STAFF_DIR}/ (the default: git-ignored, never "
+                                 f"released) or a folder outside the course")
+        if not out.parent.is_dir():
+            raise LabsError(f"{option} {path}: the folder {out.parent} does not exist",
+                            hint="create it first, or pass a path in an existing folder")
+        return out
 
 
 def find_root(start: Path | str | None = None) -> Path:

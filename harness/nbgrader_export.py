@@ -7,7 +7,7 @@ later cell calls (this module, pytest, ``subprocess``, builtins, IPython's
 display hooks); a score computed or printed there is worth nothing. So the
 exported notebooks have *no* nbgrader grade cells: ``nbgrader autograde``
 computes no points from them, and the only grade cells of the gradebook are the
-ones ``labs grade-all --gradebook`` writes (``GradebookWriter``) after grading
+ones ``labs grade-all --gradebook`` writes (``harness.gradebook``) after grading
 each module, taken as text from the notebook file, in the sandbox.
 
 The instructor's path to grades (in the nbgrader course ``COURSE/``)::
@@ -59,10 +59,11 @@ import tempfile
 import warnings
 from pathlib import Path
 
-import click
 
-from . import manifest
+from . import grading, manifest
 from .manifest import Course, Lab
+from .errors import LabsError
+from .gradebook import assignment_name, module_cell_id, part_cell_id, require_nbgrader  # noqa: F401
 
 COURSE_DIR = "labs_course"       # the hidden graders' mini course inside the nbgrader course
 MODULES_DIR = "labs_modules"     # collect-modules' default output, COURSE/labs_modules/labNN/
@@ -72,34 +73,12 @@ MAX_NOTEBOOK_BYTES = 50 << 20    # a bigger submitted notebook is not read
 FEEDBACK_ONLY = "Feedback only: this does not count. Your grade comes from the course's sandboxed grader."
 
 
-class ExportError(Exception):
+class ExportError(LabsError):
     """The export was refused (a lab's stub looks solved); nothing was written."""
-
-
-def assignment_name(lab: Lab) -> str:
-    return f"lab{lab.number}"
-
-
-def module_cell_id(lab: Lab) -> str:
-    return f"lab{lab.number}-module"
-
-
-def part_cell_id(lab: Lab, part: str) -> str:
-    """The gradebook's grade cell of a part: written only by ``GradebookWriter``, never in a notebook."""
-    return f"lab{lab.number}-part-{part}"
 
 
 def feedback_cell_id(lab: Lab, part: str) -> str:
     return f"lab{lab.number}-feedback-{part}"
-
-
-def require_nbgrader():
-    """Import nbgrader's gradebook API, or raise ImportError saying how to get it."""
-    try:
-        import nbgrader.api  # noqa: F401
-    except ImportError:
-        raise ImportError("nbgrader is not installed (it is the optional extra `nbgrader`)") from None
-    return nbgrader.api
 
 
 # --- export -------------------------------------------------------------------------
@@ -297,7 +276,6 @@ def feedback_part(lab_number: str, part: str, filename: str, *, timeout_s: float
     installed here. Returns nothing, and never counts: this runs in the
     student's kernel, where any earlier cell can change what it does. Never
     writes to stderr and never raises for the student's fault."""
-    from . import grading
     print(FEEDBACK_ONLY)
     try:
         with warnings.catch_warnings():
@@ -399,163 +377,3 @@ def collect_modules(nb_root: Path, lab: Lab, out: Path) -> tuple[list[str], list
         (dest / lab.number).mkdir()
         (dest / lab.number / lab.filename).write_text(body, encoding="utf-8")
     return students, notes
-
-
-# --- the gradebook ----------------------------------------------------------------------
-
-def part_scores(results: dict) -> dict[str, float]:
-    """Points per part from a Gradescope ``results.json`` (test names ``"A: test_x"``)."""
-    out: dict[str, float] = {}
-    for t in results.get("tests", []):
-        part = t["name"].split(":", 1)[0]
-        out[part] = out.get(part, 0.0) + float(t["score"])
-    return out
-
-
-class GradebookWriter:
-    """Record ``labs grade-all`` results in an nbgrader gradebook (``Gradebook(url)``):
-    the only scores that count.
-
-    The lab is assignment ``labNN`` with notebook ``labNN`` (the names
-    ``export_course`` uses, so it shares the gradebook of ``nbgrader
-    generate_assignment``) and one autograded grade cell ``labNN-part-X`` per
-    part (max score = the part's points), added here: the exported notebooks
-    have no grade cells, so ``nbgrader autograde`` never writes these scores.
-    Each student's ``auto_score`` per part is set; the per-test breakdown is the
-    auto comment on the module cell ``labNN-module``. Re-recording overwrites.
-    (nbgrader refuses to regenerate an assignment whose cells differ from the
-    gradebook's once it has submissions: run ``generate_assignment`` before
-    recording grades.)"""
-
-    def __init__(self, url: str, lab: Lab):
-        api = require_nbgrader()
-        self.api, self.lab = api, lab
-        self.gb = api.Gradebook(url)
-        self.assignment = self.notebook = assignment_name(lab)
-        self._ensure_structure()
-
-    def _ensure_structure(self):
-        api, gb, a, nb = self.api, self.gb, self.assignment, self.notebook
-        try:
-            gb.find_assignment(a)
-        except api.MissingEntry:
-            gb.add_assignment(a)
-        try:
-            gb.find_notebook(nb, a)
-        except api.MissingEntry:
-            gb.add_notebook(nb, a)
-        for key, part in self.lab.parts.items():
-            try:
-                cell = gb.find_grade_cell(part_cell_id(self.lab, key), nb, a)
-                if cell.max_score != float(part.points):
-                    cell.max_score = float(part.points)
-                    gb.db.commit()
-            except api.MissingEntry:
-                gb.add_grade_cell(part_cell_id(self.lab, key), nb, a, max_score=float(part.points),
-                                  cell_type="code")
-        try:
-            gb.find_solution_cell(module_cell_id(self.lab), nb, a)
-        except api.MissingEntry:
-            gb.add_solution_cell(module_cell_id(self.lab), nb, a)
-
-    def _grade(self, cell_id: str, student: str):
-        """The student's grade row of a grade cell; made when the submission is older
-        than the cell (``nbgrader autograde`` ran before the first recording)."""
-        api, gb, a, nb = self.api, self.gb, self.assignment, self.notebook
-        try:
-            return gb.find_grade(cell_id, nb, a, student)
-        except api.MissingEntry:
-            grade = api.Grade(cell=gb.find_grade_cell(cell_id, nb, a),
-                              notebook=gb.find_submission_notebook(nb, a, student))
-            gb.db.add(grade)
-            return grade
-
-    def record(self, student: str, results: dict) -> None:
-        api, gb, a, nb = self.api, self.gb, self.assignment, self.notebook
-        gb.update_or_create_student(student)
-        try:
-            gb.find_submission(a, student)
-        except api.MissingEntry:
-            with warnings.catch_warnings():  # nbgrader's own autoflush warnings under SQLAlchemy 2
-                warnings.simplefilter("ignore")
-                gb.add_submission(a, student)
-        scores = part_scores(results)
-        for key, part in self.lab.parts.items():
-            grade = self._grade(part_cell_id(self.lab, key), student)
-            grade.auto_score = round(min(float(part.points), scores.get(key, 0.0)), 4)
-            grade.needs_manual_grade = False
-        status = results.get("extra_data", {}).get("status", "")
-        lines = [f"labs grade-all: {results.get('score', 0):g} points; {status}".rstrip("; ")]
-        lines += [f"{t['score']:g}/{t['max_score']:g} {t['status']} {t['name']}" for t in results.get("tests", [])]
-        try:
-            comment = gb.find_comment(module_cell_id(self.lab), nb, a, student)
-            comment.auto_comment = "\n".join(lines)
-        except api.MissingEntry:
-            pass
-        gb.db.commit()
-
-    def close(self):
-        self.gb.close()
-
-
-# --- commands ------------------------------------------------------------------------------
-
-@click.group("nbgrader")
-def nbgrader_group():
-    """nbgrader: export the labs as an nbgrader course; collect the submitted modules for `grade-all --gradebook`."""
-
-
-@nbgrader_group.command("export")
-@click.argument("dest", type=click.Path(file_okay=False, path_type=Path), required=False)
-@click.option("--lab", "lab_numbers", multiple=True, help="Export only this lab (repeatable; default: all).")
-@click.pass_context
-def export_command(ctx, dest, lab_numbers):
-    """Write an nbgrader course to DEST (default: .labs-staff/nbgrader; never elsewhere
-    inside the course tree): nbgrader_config.py, source/labNN/labNN.ipynb per lab (the
-    reference in a solution region, feedback cells that do not count) and the hidden
-    graders in DEST/labs_course/. A lab whose stub looks solved is refused, before
-    anything is written.
-
-    Grades: `nbgrader generate_assignment labNN`, `nbgrader collect labNN`, then
-    `labs nbgrader collect-modules DEST --lab NN` and `labs grade-all ... --gradebook`.
-    """
-    from .cli import LabsError, _course, _lab, staff_output
-    course = _course(ctx)
-    labs = [_lab(course, n) for n in lab_numbers] or None
-    dest = staff_output(course, dest, "nbgrader", "DEST")
-    try:
-        notes = export_course(course, dest, labs)
-    except ExportError as e:
-        raise LabsError(str(e), hint="restore the stub (git checkout -- labs/NN/<module>.py, or git stash), "
-                                     "then export again; nothing was written") from None
-    for note in notes:
-        click.echo(f"labs: note: {note}", err=True)
-    written = sorted(p.relative_to(dest) for p in (dest / "source").glob("*/*.ipynb"))
-    for p in written:
-        click.echo(f"wrote {dest / p}")
-    click.echo(f"hidden graders in {dest / COURSE_DIR}; next: cd {dest} && nbgrader generate_assignment "
-               f"{written[0].parent.name if written else 'labNN'}")
-
-
-@nbgrader_group.command("collect-modules")
-@click.argument("nb_course", type=click.Path(file_okay=False, exists=True, path_type=Path))
-@click.option("--lab", "lab_number", required=True, help="Lab number, e.g. 04.")
-@click.option("--out", "out_dir", type=click.Path(file_okay=False, path_type=Path), default=None,
-              help=f"Where to write STUDENT/NN/<module>.py (default: NB_COURSE/{MODULES_DIR}/labNN).")
-@click.pass_context
-def collect_modules_command(ctx, nb_course, lab_number, out_dir):
-    """Extract the module cell of each notebook in NB_COURSE/submitted/*/labNN/
-    (after `nbgrader collect labNN`) into OUT/STUDENT/NN/<module>.py, as text:
-    nothing is run. Then grade them: `labs grade-all OUT --lab NN --gradebook URL`."""
-    from .cli import LabsError, _course, _lab
-    lab = _lab(_course(ctx), lab_number)
-    out = out_dir or nb_course / MODULES_DIR / assignment_name(lab)
-    try:
-        students, notes = collect_modules(nb_course, lab, out)
-    except FileNotFoundError as e:
-        raise LabsError(str(e)) from None
-    for note in notes:
-        click.echo(f"labs: note: {note}", err=True)
-    db = (nb_course / "gradebook.db").resolve()
-    click.echo(f"wrote {len(students) - len(notes)} of {len(students)} modules into {out}; next: labs grade-all "
-               f"{out} --lab {lab.number} --gradebook sqlite:///{db}")

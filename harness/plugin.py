@@ -11,9 +11,18 @@ Fixtures
   ``seed``      an int derived from the run seed and the test's node id.
   ``gen``       a CPU ``torch.Generator`` seeded with ``seed``.
   ``record_perf`` ``record_perf(name, ratio, **figures)``: report a performance
-                figure; graded when ``labs.yaml`` has a threshold for ``name``
-                and the test carries the ``perf`` marker.
-Markers: ``gpu``, ``perf``, ``part(name)``, ``points(weight)``.
+                figure. In a test marked ``perf`` (or ``perf(name)``) ``name`` must be
+                a perf key of the lab in ``labs.yaml`` (the one the marker names),
+                recorded once: its threshold scales the test's credit. In any other
+                test it must not be a perf key: an informational figure, never graded.
+Markers: ``gpu``, ``perf`` / ``perf(key)``, ``part(name)``, ``points(weight)``.
+
+Joins with ``labs.yaml`` are checked where they are made (a grader defect is never a
+student's score): a ``part`` marker naming no part of its lab, a grader test (under
+``graders/``) without one, or a ``perf(key)`` naming no perf key is a collection
+error; a ``record_perf`` name breaking the rule above, or a perf test that passes
+without recording its key, fails the test and records ``labs_infra`` (``labs grade``
+then fails with "grading failed" instead of scoring).
 
 ``--sandbox none`` (default) imports the implementation here, for readable local
 runs; ``--sandbox worker`` (``labs grade``) makes ``impl`` a proxy to a separate,
@@ -33,15 +42,11 @@ import pytest
 
 from . import impl as _impl
 from . import manifest as _manifest
+from .errors import InfraFailure
 
 _state_key = pytest.StashKey["_LabsState"]()
 
 GPU_SKIP_REASON = "needs a CUDA GPU (torch.cuda.is_available() is False here); graded on a GPU runner"
-
-
-class InfraFailure(Exception):
-    """A test could not run for a reason that is not the submission's (the sandbox
-    could not start). The ``impl`` fixture records it as the test's ``infra`` field."""
 
 
 def _tagged(error: Exception, kind: str | None) -> Exception:
@@ -123,7 +128,7 @@ class _LabsState:
         try:
             w = sb.ensure()
         except _sandbox.SandboxStartError as e:
-            self._sandboxes[lab.number] = InfraFailure(str(e)[:4000])
+            self._sandboxes[lab.number] = InfraFailure(str(e))
             sb.close()
             raise self._sandboxes[lab.number] from None
         except _sandbox.SandboxError as e:
@@ -185,7 +190,8 @@ def pytest_addoption(parser):
 
 def pytest_configure(config):
     for line in ("gpu: needs a CUDA GPU; skipped with the reason where there is none",
-                 "perf: performance test; credit scaled by the thresholds in labs.yaml",
+                 "perf(key): performance test recording the labs.yaml perf key `key`; credit scaled by its "
+                 "thresholds",
                  "part(name): the lab part this test grades (labs.yaml parts)",
                  "points(weight): relative weight of this test within its part (default 1)"):
         config.addinivalue_line("markers", line)
@@ -291,6 +297,96 @@ def pytest_report_header(config):
             f"labs: seed {st.seed} (replay with --seed {st.seed})"]
 
 
+GRADER_DEFECT = "grader defect, grading failed (not the submission's fault)"
+
+
+def _names(keys) -> str:
+    return ", ".join(keys) or "none"
+
+
+def _marker_problem(st: _LabsState, item) -> str | None:
+    """Why ``item``'s ``part`` / ``perf`` markers do not join ``labs.yaml``, or None.
+
+    A test inside a lab folder: a ``part`` marker names one of the lab's parts, a
+    ``perf(key)`` marker one of its perf keys. A grader test (under ``graders/``) must
+    carry a part: ``harness.grading.score`` shares a part's points among its tests
+    (visible tests in ``labs/NN`` need none)."""
+    course = st.course
+    try:
+        rel = Path(item.path).resolve().relative_to(course.root.resolve())
+    except ValueError:
+        rel = None
+    grader = rel is not None and rel.parts[:1] == ("graders",)
+    lab = st.lab_of(item.path)
+    if lab is None:
+        if grader and len(rel.parts) > 2:
+            return (f"{item.nodeid}: graders/{rel.parts[1]} is not a lab in labs.yaml "
+                    f"(labs: {_names(sorted(course.labs))})")
+        return None
+    where = f"lab {lab.number} in labs.yaml"
+    part = item.get_closest_marker("part")
+    if part is None:
+        if grader:
+            return (f"{item.nodeid}: no part marker: every grader test of lab {lab.number} needs "
+                    f"@pytest.mark.part(NAME), NAME one of the parts of {where}: {_names(lab.parts)}")
+    elif len(part.args) != 1 or part.kwargs or not isinstance(part.args[0], str):
+        return f"{item.nodeid}: the part marker takes one part name, e.g. @pytest.mark.part('A'); got {part}"
+    elif part.args[0] not in lab.parts:
+        return (f"{item.nodeid}: part {part.args[0]!r} is not a part of {where} "
+                f"(its parts: {_names(lab.parts)})")
+    perf = item.get_closest_marker("perf")
+    if perf is not None and (perf.args or perf.kwargs):
+        if len(perf.args) != 1 or perf.kwargs or not isinstance(perf.args[0], str):
+            return (f"{item.nodeid}: the perf marker takes one perf key, e.g. @pytest.mark.perf('gqa_vs_sdpa'); "
+                    f"got {perf}")
+        if perf.args[0] not in lab.perf:
+            return (f"{item.nodeid}: perf marker names {perf.args[0]!r}, not a perf key of {where} "
+                    f"(its perf keys: {_names(lab.perf)})")
+    return None
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_pycollect_makeitem(collector, name, obj):
+    """A test whose markers do not join ``labs.yaml`` is a collection error of its
+    module (as a marker unknown to ``--strict-markers`` is), naming the test, the
+    marker and what ``labs.yaml`` declares."""
+    made = yield
+    st = collector.config.stash.get(_state_key, None)
+    if st is None or made is None:
+        return made
+    for item in made if isinstance(made, list) else [made]:
+        if isinstance(item, pytest.Function):
+            problem = _marker_problem(st, item)
+            if problem:
+                raise collector.CollectError(f"labs: {problem}")
+    return made
+
+
+def _perf_key(item) -> str | None:
+    """The perf key a ``perf(key)`` marker declares (None: no marker, or a bare ``perf``)."""
+    perf = item.get_closest_marker("perf")
+    return perf.args[0] if perf is not None and perf.args else None
+
+
+def _perf_record_problem(item, lab, name: str) -> str | None:
+    """Why ``record_perf(name, ...)`` in ``item`` does not join ``labs.yaml``, or None."""
+    call = f"record_perf({name!r})"  # the test's nodeid is named by its report
+    marked = item.get_closest_marker("perf") is not None
+    declared = _perf_key(item)
+    keys = f"(perf keys of lab {lab.number} in labs.yaml: {_names(lab.perf)})"
+    if marked:
+        if name not in lab.perf:
+            return f"{call}: {name!r} is not a perf key of lab {lab.number} in labs.yaml {keys}"
+        if declared is not None and name != declared:
+            return f"{call}: the test's marker is @pytest.mark.perf({declared!r}), which it must record {keys}"
+        if any(k == "labs_perf" and e["name"] == name for k, e in item.user_properties):
+            return f"{call}: recorded twice; a perf key is recorded once per test"
+    elif name in lab.perf:
+        return (f"{call}: {name!r} is a graded perf key of lab {lab.number} but the test has no perf marker: "
+                f"mark it @pytest.mark.perf({name!r}) (or record an informational figure under another name)")
+    return None
+
+
 def pytest_runtest_setup(item):
     if item.get_closest_marker("gpu") is not None:
         import torch
@@ -329,9 +425,9 @@ def impl(request):
         if st.sandbox_mode == "worker":
             return st.remote_module(lab)
         return st.module(lab)
-    except InfraFailure as e:
-        _record(request.node, "labs_infra", str(e))
-        pytest.fail(f"grading failed, not the submission's fault: {e}", pytrace=False)
+    except InfraFailure as e:  # the impl fixture records it as the test's ``infra`` field
+        _record(request.node, "labs_infra", e.reason)
+        pytest.fail(f"grading failed, not the submission's fault: {e.reason}", pytrace=False)
     except _impl.ImplError as e:
         if getattr(e, "labs_kind", None):
             _record(request.node, "labs_impl_error", e.labs_kind)
@@ -347,6 +443,27 @@ def pytest_runtest_makereport(item, call):
     client = sys.modules.get(f"{__package__}.sandbox.client")  # not imported: no sandbox ran
     if client is not None and call.excinfo is not None and isinstance(call.excinfo.value, client.SandboxStartError):
         report.user_properties.append(("labs_infra", str(call.excinfo.value)[:4000]))
+    if call.when == "call" and report.passed and item.get_closest_marker("perf") is not None:
+        _unrecorded_perf(item, report)
+
+
+def _unrecorded_perf(item, report) -> None:
+    """A perf test that passed without recording its perf key would earn full credit
+    unmeasured: fail it as a grader defect (``labs_infra``)."""
+    st = item.config.stash.get(_state_key, None)
+    lab = st.lab_of(item.path) if st is not None else None
+    if lab is None:
+        return
+    declared = _perf_key(item)
+    recorded = [e["name"] for k, e in item.user_properties if k == "labs_perf"]
+    if any(n == declared if declared else n in lab.perf for n in recorded):
+        return
+    want = repr(declared) if declared else f"one of its perf keys ({_names(lab.perf)})"
+    problem = (f"a perf test of lab {lab.number} passed without calling record_perf({want}): "
+               "its credit would not be measured")
+    report.outcome = "failed"
+    report.longrepr = f"{GRADER_DEFECT}: {problem}"
+    report.user_properties.append(("labs_infra", problem))
 
 
 @pytest.fixture
@@ -366,8 +483,15 @@ def gen(seed):
 
 @pytest.fixture
 def record_perf(request):
-    """``record_perf(name, ratio, **figures)`` -- see the module docstring."""
+    """``record_perf(name, ratio, **figures)`` -- see the module docstring. A name that
+    does not join ``labs.yaml`` fails the test as a grader defect: recorded as
+    ``labs_infra``, so grading fails instead of giving full or no credit."""
     def record(name: str, ratio: float | None, **figures):
+        _, lab = _lab_for(request)
+        problem = _perf_record_problem(request.node, lab, name)
+        if problem:
+            _record(request.node, "labs_infra", problem)
+            pytest.fail(f"{GRADER_DEFECT}: {problem}", pytrace=False)
         entry = {"name": name, "ratio": None if ratio is None else float(ratio),
                  "figures": {k: (float(v) if isinstance(v, (int, float)) else str(v)) for k, v in figures.items()}}
         request.node.user_properties.append(("labs_perf", entry))
@@ -397,7 +521,8 @@ def _meta(item) -> dict:
     return {"part": part.args[0] if part else None,
             "weight": float(points.args[0]) if points else 1.0,
             "gpu": item.get_closest_marker("gpu") is not None,
-            "perf": item.get_closest_marker("perf") is not None}
+            "perf_test": item.get_closest_marker("perf") is not None,  # the marker; "perf": the figures
+            "perf_key": _perf_key(item)}
 
 
 def _message(report) -> str:
@@ -415,8 +540,10 @@ class ResultsWriter:
     atomically after each test, so a crash or kill mid-run loses nothing
     already graded (tests never reached stay ``pending``).
 
-    Per test: ``nodeid``, ``name``, ``part``, ``weight``, ``gpu``, ``perf`` (marker
-    and figures), ``outcome``, ``message``, ``duration``, and two records:
+    Per test: ``nodeid``, ``name``, ``part``, ``weight``, ``gpu``, ``perf_test`` (the
+    ``perf`` marker), ``perf_key`` (the key ``perf(key)`` declares, or null), ``perf``
+    (the figures recorded, ``[{name, ratio, figures}]``), ``outcome``, ``message``,
+    ``duration``, and two records:
     ``infra`` (null, or why the test could not run through no fault of the
     submission: ``harness.grading`` then fails instead of scoring) and
     ``impl_error`` (null, ``missing``, ``import`` or ``api``: the implementation

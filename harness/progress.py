@@ -43,8 +43,8 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
 
-import click
 import pytest
+from .errors import LabsError
 
 SCHEMA_VERSION = 2  # 2: the runs_checkout_lab index (progress keyed by checkout)
 APP_NAME = "ai-infra-labs"
@@ -97,7 +97,7 @@ CREATE INDEX IF NOT EXISTS perf_run ON perf (run_id);
 """
 
 
-class ProgressError(Exception):
+class ProgressError(LabsError):
     """The progress store could not be read or written."""
 
 
@@ -435,7 +435,7 @@ class ProgressRecorder(PartAnnotator):
         except Exception as e:  # pragma: no cover - belt and braces
             self.error = f"{type(e).__name__}: {e}"
         if self.error and self.config.pluginmanager.get_plugin("terminalreporter") is None:
-            click.echo(self.warning(), err=True)
+            print(self.warning(), file=sys.stderr)
 
     def warning(self) -> str:
         return (f"labs: warning: progress not recorded ({self.error}); your test results are unaffected "
@@ -618,83 +618,3 @@ def render_html(summary: dict, course) -> str:
             f"anywhere. Perf ratios are your time / the baseline's (lower is better).</p>\n"
             f"<table><thead><tr>{head}</tr></thead><tbody>\n{body}\n</tbody></table>\n"
             + "\n".join(plots) + "\n</body></html>\n")
-
-
-# --- commands (registered on `labs` by harness.cli) -----------------------------
-
-def _cli():
-    from . import cli
-    return cli
-
-
-@click.command("progress")
-@click.argument("lab_number", required=False, metavar="[NN]")
-@click.option("--json", "as_json", is_flag=True, help="Print the status as JSON.")
-@click.option("--html", "html_path", type=click.Path(dir_okay=False, path_type=Path), default=None,
-              help="Write a self-contained HTML report with plots to this file.")
-@click.pass_context
-def progress_command(ctx, lab_number, as_json, html_path):
-    """Your local progress per lab and part: visible tests, local grades, perf, attempts.
-
-    Recorded on this machine by `pytest labs/NN` and `labs grade` (nothing is sent
-    anywhere); the store is $LABS_PROGRESS_DB or the user data directory.
-    """
-    cli = _cli()
-    course = cli._course(ctx)
-    lab = cli._lab(course, lab_number).number if lab_number else None
-    try:
-        summary = summarize(course, lab=lab)
-    except ProgressError as e:
-        raise cli.LabsError(str(e), hint="set LABS_PROGRESS_DB to another file, or `labs reset`") from None
-    if html_path:
-        html_path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = html_path.with_name(f".{html_path.name}.tmp")
-        tmp.write_text(render_html(summary, course), encoding="utf-8")
-        os.replace(tmp, html_path)
-        click.echo(f"labs: wrote {html_path}", err=True)
-    if as_json:
-        click.echo(json.dumps(summary, indent=2))
-        return
-    if html_path:
-        return
-    from rich.table import Table
-    from rich import box
-    table = Table(title=f"{course.name}: local progress", box=box.SIMPLE_HEAD, pad_edge=False)
-    for c in SHORT_COLUMNS:
-        table.add_column(c, justify="right" if c in ("Runs", "Grades") else "left", no_wrap=c != "Best perf")
-    for is_lab, cells in table_rows(summary, short=True):
-        table.add_row(*cells, style="bold" if is_lab else None)
-    from rich.console import Console
-    Console(highlight=False, width=None if sys.stdout.isatty() else 140).print(table)
-    click.echo(f"Visible: tests passed at the last `pytest labs/NN`; grades: local `labs grade` scores; "
-               f"perf ratio: your time / baseline (lower is better). Recorded in {summary['db']}; "
-               "`labs progress --html FILE` plots your attempts.")
-
-
-@click.command("reset")
-@click.argument("lab_number", required=False, metavar="[NN]")
-@click.option("--yes", "-y", is_flag=True, help="Do not ask for confirmation.")
-@click.pass_context
-def reset_command(ctx, lab_number, yes):
-    """Delete your recorded progress (all labs, or lab NN)."""
-    cli = _cli()
-    course = cli._course(ctx)
-    lab = cli._lab(course, lab_number).number if lab_number else None
-    what = f"lab {lab}" if lab else f"every lab of {course.name}"
-    try:
-        n = len(load_runs(checkout(course), lab))
-    except ProgressError as e:
-        raise cli.LabsError(str(e)) from None
-    if n == 0:
-        click.echo(f"nothing recorded for {what}")
-        return
-    if not yes:
-        click.confirm(f"Delete {n} recorded run(s) of {what} from {db_path()}?", abort=True)
-    try:
-        deleted = delete_runs(checkout(course), lab)
-    except ProgressError as e:
-        raise cli.LabsError(str(e)) from None
-    click.echo(f"deleted {deleted} recorded run(s) of {what}")
-
-
-COMMANDS = [progress_command, reset_command]

@@ -37,19 +37,19 @@ import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import click
 
 from . import manifest
 from .manifest import Course
+from .errors import LabsError
 
 TEMPLATES = Path(__file__).resolve().parent / "templates"
 # (pattern, what it is): fnmatch on the posix path; labs/NN/ only for labs in labs.yaml (and --lab)
 ALLOW = [("labs.yaml", "the course manifest"), ("labs/*/*", "a lab: handout, stub, visible tests"),
-         ("harness/*.py", "the framework"), ("harness/sandbox/*.py", "the framework"),
+         ("harness/*.py", "the framework"), ("harness/sandbox/*.py", "the framework"), ("harness/cli/*.py", "the framework"),
          ("pyproject.toml", "the package (rewritten for students)"), ("docker/*.lock", "the lock"),
          ("docker/torch-*.txt", "the lock"), (".gitignore", "git's ignore list")]
-STAFF_HARNESS = {"harness/classroom.py", "harness/gradescope.py", "harness/nbgrader_export.py",
-                 "harness/release.py"}  # staff commands: the student CLI goes without them
+STAFF_HARNESS = {"harness/classroom.py", "harness/gradescope.py", "harness/nbgrader_export.py", "harness/gradebook.py",
+                 "harness/release.py", "harness/scaffold.py", "harness/cli/staff.py"}  # the student CLI goes without them
 FORBIDDEN = ["solutions/*", "graders/*", "tests/*", f"{manifest.STAFF_DIR}/*", "*.ipynb", "*.zip", "*.db",
              "*grades*.csv", "*results*.json", "*submissions/*", "scripts/demo.py", "harness/templates/*"]
 REASONS = {"solutions": "reference solutions", "graders": "hidden graders",
@@ -62,12 +62,8 @@ NEVER = {".venv", "venv", "__pycache__", ".pytest_cache", ".git", ".mypy_cache",
          "node_modules", ".ipynb_checkpoints"}
 
 
-class ReleaseError(Exception):
+class ReleaseError(LabsError):
     """The release was refused (a check failed) or could not be written; nothing is at OUT."""
-
-    def __init__(self, message: str, hint: str = ""):
-        super().__init__(message)
-        self.hint = hint
 
 
 def course_files(root: Path) -> tuple[list[str], set[str]]:
@@ -107,12 +103,15 @@ def select(names: list[str], untracked: set[str], course: Course, labs: list[str
 
 
 def student_pyproject(text: str) -> str:
-    """The staff ``pyproject.toml`` for students: ``pytest`` runs ``labs``, no staff-only extra."""
+    """The staff ``pyproject.toml`` for students: ``pytest`` runs ``labs``, no staff-only extra
+    or import contract."""
     text = re.sub(r'^(#[^\n]*\n)?testpaths\s*=[^\n]*$',
                   '# `pytest` runs every lab\'s visible tests; `pytest labs/NN` those of one lab.\ntestpaths = ["labs"]',
                   text, count=1, flags=re.M)
     text = re.sub(r'^norecursedirs\s*=.*$', 'norecursedirs = [".venv"]', text, count=1, flags=re.M)
     text = re.sub(r'^(#[^\n]*\n)?nbgrader\s*=[^\n]*\n', '', text, flags=re.M)  # the extra and its comment
+    # the staff's layer contract (`lint-imports`): it names the staff modules a release leaves out
+    text = re.sub(r'^(#[^\n]*\n)*\[\[?tool\.importlinter[^\n]*\n(?:(?!\[)[^\n]*(?:\n|$))*', '', text, flags=re.M)
     return re.sub(r'^\s*"docker:[^\n]*\n', '', text, flags=re.M)  # a marker of the framework's tests
 
 
@@ -209,36 +208,3 @@ def release(course: Course, out: Path, *, labs: list[str] | None = None, exclude
     p = plan(course, labs, exclude)
     write(out, p.files)
     return p
-
-
-@click.command("release")
-@click.argument("out", type=click.Path(file_okay=False, path_type=Path))
-@click.option("--lab", "labs", multiple=True, help="Release only this lab's folder (repeatable; default: all).")
-@click.option("--exclude", multiple=True, metavar="GLOB", help="Leave out more paths (fnmatch on the posix path).")
-@click.option("--force", is_flag=True, help="Replace OUT when it is not empty.")
-@click.pass_context
-def release_command(ctx, out, labs, exclude, force):
-    """Write the student repository to OUT: only the student-facing files git tracks
-    (labs.yaml, labs/NN/, the harness students run, the lock), a student README and
-    Makefile; every check runs before anything is written.
-
-    In OUT, `make setup` and `pytest labs/NN` run the visible tests on the stubs.
-    """
-    from .cli import LabsError, _course, _lab
-    course = _course(ctx)
-    numbers = [_lab(course, n).number for n in labs] or None
-    try:
-        p = release(course, out, labs=numbers, exclude=list(exclude), force=force)
-    except ReleaseError as e:
-        raise LabsError(str(e), hint=e.hint) from None
-    click.echo(f"wrote {len(p.files)} files to {out}:")
-    for n in sorted(p.files):
-        click.echo(f"  {n}")
-    groups: dict[tuple[str, str], int] = {}
-    for n, why in p.refused.items():
-        top = n.split("/")[0] + ("/" if "/" in n else "")
-        key = (top if why in GROUPED else n, why)
-        groups[key] = groups.get(key, 0) + 1
-    click.echo(f"refused {len(p.refused)} files (not student-facing):")
-    for (what, why), count in sorted(groups.items()):
-        click.echo(f"  {what}" + (f" ({count} files)" if count > 1 else "") + f": {why}")

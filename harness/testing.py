@@ -11,6 +11,8 @@ from typing import Iterable, Sequence
 import pytest
 import torch
 
+from .sandbox import measure
+
 DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16, "fp64": torch.float64}
 
 
@@ -161,7 +163,6 @@ def measure_checked(fn, *args, oracle, atol: float = 0.0, rtol: float = 0.0, wha
     Measurement)``; raises the value error first. ``kwargs`` go to ``measure`` (its
     options, then ``fn``'s keyword arguments); ``oracle``, ``atol``, ``rtol``, ``what``,
     ``case`` and ``prop`` are this function's own and cannot be passed through to ``fn``."""
-    from harness.sandbox import measure  # the toolkit sits below the sandbox: import on use
 
     out, m = measure(fn, *args, **kwargs)
     checked(out, oracle, atol=atol, rtol=rtol, what=what, case=case, prop=prop)

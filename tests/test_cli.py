@@ -143,7 +143,7 @@ def test_broken_graders_fail_grading_with_exit_1(toy_course):
 def test_grader_without_part_marker_is_a_grading_error(toy_course):
     (toy_course / "graders/07/test_nopart.py").write_text("def test_x(impl):\n    pass\n")
     p = labs(toy_course, "grade", "solutions", "--lab", "07")
-    assert p.returncode == 1 and "has part None" in p.stderr
+    assert p.returncode == 1 and "test_x: no part marker" in p.stderr and "parts of lab 07 in labs.yaml: A, B" in p.stderr
 
 
 def test_timeout_keeps_finished_tests_and_marks_the_rest_not_run(toy_course, tmp_path):

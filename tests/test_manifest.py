@@ -19,7 +19,7 @@ def test_course_manifest_loads_with_six_labs():
 def test_lab_lookup_accepts_int_and_names_known_labs():
     course = manifest.load(ROOT)
     assert course.lab(4) is course.lab("04") is course.lab("4")
-    with pytest.raises(KeyError, match="labs: 01, 02"):
+    with pytest.raises(manifest.ManifestError, match="lists 01, 02"):
         course.lab(99)
 
 

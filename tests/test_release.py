@@ -56,7 +56,7 @@ def test_release_leaves_out_solutions_graders_and_staff_tests(released):
     for staff in ("solutions/", "graders/", "tests/", ".ci/"):
         assert not any(f.startswith(staff) for f in files), staff
     assert "scripts/demo.py" not in files
-    assert {"labs.yaml", "pyproject.toml", "harness/plugin.py", "harness/cli.py", "labs/04/flash_attention.py"} <= files
+    assert {"labs.yaml", "pyproject.toml", "harness/plugin.py", "harness/cli/__init__.py", "labs/04/flash_attention.py"} <= files
     assert not any("__pycache__" in f or f.startswith(".venv/") for f in files)
     assert (released / "labs/04/flash_attention.py").read_text() == (ROOT / "labs/04/flash_attention.py").read_text()
     refs = {p.read_text() for p in (ROOT / "solutions").rglob("*.py")}

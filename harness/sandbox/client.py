@@ -43,14 +43,17 @@ from typing import Iterable
 
 import torch
 
+from .. import bench
 from . import isolation, probes, wire
 from .wire import Handle, View, WireError  # noqa: F401  (View: part of the public API)
+from ..errors import ExitCode, LabsError
 
 
 # --- errors ------------------------------------------------------------------------------------
 
-class SandboxError(Exception):
+class SandboxError(LabsError):
     """The sandboxed implementation could not answer (crash, early exit, timeout, protocol)."""
+    code = ExitCode.GRADING_FAILED
 
 
 class WorkerCrashed(SandboxError):
@@ -1125,7 +1128,6 @@ def timed(candidate, baseline, inputs, *, warmup_inputs, check=None, kwargs: dic
 
     Raises AssertionError when the candidate called a forbidden name or op, was too
     slow to time, or a check fails; SandboxError for malformed figures."""
-    from harness import bench
     inputs = [tuple(a) for a in inputs]
     warmup_inputs = [tuple(a) for a in warmup_inputs]
     repeats = len(inputs) if repeats is None else int(repeats)

@@ -53,6 +53,7 @@ import struct
 import subprocess
 import sys
 from pathlib import Path
+from ..errors import LabsError
 
 
 # --- the trusted side ---------------------------------------------------------------------------
@@ -131,7 +132,7 @@ def scrubbed_env(home: str) -> dict:
 # and ``harness.impl`` import), relative to the ``harness`` package. Nothing else of the
 # harness reaches the worker: not the graders' oracles or helpers, grading, or a front end.
 # Lab stubs import no harness module (``labs/*/*.py`` other than the visible tests).
-HARNESS_FILES = ("__init__.py", "alloc.py", "bench.py", "impl.py", "manifest.py",
+HARNESS_FILES = ("__init__.py", "alloc.py", "bench.py", "errors.py", "impl.py", "manifest.py",
                  "sandbox/__init__.py", "sandbox/client.py", "sandbox/isolation.py", "sandbox/probes.py",
                  "sandbox/server.py", "sandbox/triton_launches.py", "sandbox/wire.py")
 
@@ -189,7 +190,7 @@ DEVICES = ("null", "zero", "full", "random", "urandom")
 _libc = ctypes.CDLL(None, use_errno=True)
 
 
-class IsolationError(RuntimeError):
+class IsolationError(LabsError, RuntimeError):
     """The worker's root could not be built: it must not run (an infrastructure failure)."""
 
 

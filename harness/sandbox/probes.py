@@ -29,7 +29,10 @@ import time
 
 import torch
 
+from harness.alloc import AllocationTracker
+
 from . import triton_launches
+from .wire import VIEW_BASES
 
 # Bound before any submission is imported (a submission that rebinds the module's
 # attributes later does not change what the probes call).
@@ -43,14 +46,13 @@ except (OSError, AttributeError):  # not glibc
 
 
 def preload() -> None:
-    """Import what the probes use (the allocation tracker, the FLOP counter), so that
+    """Import what the probes use (torch's compiler stack, the FLOP counter), so that
     neither their import time nor their memory lands in a submission's first measured
     call. Imports only: an op here could start torch's thread pools before the launcher
     forks its servers, and a forked child then hangs in its first parallel op."""
     import torch._dynamo  # noqa: F401  (the tracker's first use imports it: seconds of CPU)
     import torch.utils.flop_counter  # noqa: F401
 
-    import harness.alloc  # noqa: F401
 
 
 def note(msg: str) -> None:
@@ -377,7 +379,6 @@ def install_guards() -> None:
     from torch.utils.flop_counter import FlopCounterMode
     from torch.utils._python_dispatch import TorchDispatchMode
 
-    from harness.alloc import AllocationTracker
     torch_modules = [m for n, m in list(sys.modules.items()) if n == "torch" or n.startswith("torch.")]
     for name in _BLINDING + ("_push_on_torch_dispatch_stack",):
         original = getattr(torch._C, name, None)
@@ -450,7 +451,6 @@ def _figures(tracker, counter, seen, comm) -> dict:
 @contextlib.contextmanager
 def _watched(module, opts: dict):
     """The measurement context of ``opts`` (see client.measure); yields a dict filled with figures."""
-    from harness.alloc import AllocationTracker
     seen: list = []
     box: dict = {}
     tracker = counter = comm = launches = None
@@ -484,7 +484,6 @@ def _watched(module, opts: dict):
 
 
 def _base_of(x):
-    from .wire import VIEW_BASES
     hit = VIEW_BASES.get(id(x))
     return hit[1] if hit is not None and hit[0] is x else x
 
@@ -503,7 +502,6 @@ def probe_measure(module, target, args, kwargs, opts):
 
 def probe_vjp(module, target, args, kwargs, grad_outputs, opts):
     """Forward then ``torch.autograd.backward`` with ``grad_outputs``; value ``(out, grads)``."""
-    from harness.alloc import AllocationTracker
     rg = opts.get("requires_grad", [])
     leaves = []
     for i, a in enumerate(args):
@@ -870,7 +868,6 @@ def probe_timed(module, target, baseline, inputs, warmup_inputs, kwargs, baselin
         probe_s = clock()
         op_subs = list(opts.get("forbid_ops", [])) + [x for n in names for x in FAMILY_OPS.get(n, ())]
         if op_subs:
-            from harness.alloc import AllocationTracker
             with AllocationTracker() as tracker, guards["candidate"]():  # the guard inside: the tracker's own exit pops
                 target(*first, **kwargs)
             ops_hit = sorted(op for op in tracker.ops if any(s in op for s in op_subs))

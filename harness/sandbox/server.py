@@ -32,6 +32,7 @@ import signal
 import sys
 import traceback
 
+from .. import impl as _impl
 from . import isolation, probes, triton_launches, wire
 
 
@@ -175,7 +176,6 @@ def _note_writer(fd: int):
 
 def _serve_rank(header: dict, channel: list, src_path: str, contract) -> None:
     """In a forked child: import the submission, say ready on ``channel``, serve."""
-    from harness import impl as _impl
     fd_in, fd_out, fd_note = channel
     probes.note = _note_writer(fd_note)
     libc = ctypes.CDLL(None, use_errno=True)
@@ -253,7 +253,6 @@ def main():
                 importlib.import_module(name)
             probes.install_comm_hooks()  # before the submission can save a reference to anything it wraps
         probes.install_guards()  # likewise: the dispatch-stack bindings and the measurements' own methods
-        from harness import impl as _impl
         os.makedirs("impl", exist_ok=True)
         src_path = os.path.abspath(os.path.join("impl", header["module_filename"]))
         with open(src_path, "w") as f:

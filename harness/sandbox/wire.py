@@ -28,6 +28,8 @@ from typing import Any, Callable, Iterable
 
 import torch
 
+from ..errors import LabsError
+
 DTYPES = {str(d).removeprefix("torch."): d for d in (
     torch.float64, torch.float32, torch.float16, torch.bfloat16, torch.int64, torch.int32, torch.int16,
     torch.int8, torch.uint8, torch.bool, torch.complex64, torch.complex128)}
@@ -41,7 +43,7 @@ _LEN = struct.Struct("<Q")
 VIEW_BASES: dict = {}  # id(view) -> (view, base) for views decoded from View tags (the receiver's)
 
 
-class WireError(Exception):
+class WireError(LabsError):
     """A frame that does not follow the protocol (too big, bad dtype, sizes that disagree)."""
 
 

@@ -7,8 +7,6 @@ Data goes to stdout (or ``--json FILE``); errors are one line on stderr,
 """
 from __future__ import annotations
 
-import enum
-import importlib
 import json
 import os
 import subprocess
@@ -16,31 +14,30 @@ import sys
 from pathlib import Path
 
 import click
+from rich import box
 from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from . import grading, manifest, progress
+from .. import container, grading, manifest, progress
+from ..errors import ExitCode, LabsError
 
 
-class ExitCode(enum.IntEnum):
-    OK = 0              # the command ran (for grade: grading ran, whatever the score)
-    GRADING_FAILED = 1  # grading itself could not run (graders broken, the sandbox or grader failed)
-    USAGE = 2           # bad arguments: unknown lab, missing path, invalid labs.yaml
+class _Labs(click.Group):
+    """The ``labs`` group: every ``LabsError`` (harness.errors) a command raises is one
+    line on stderr, ``labs: error: <message>``, its hint below, and its exit code;
+    ``--traceback`` shows the Python traceback instead."""
 
-
-class LabsError(click.ClickException):
-    """One-line error with an exit code and an optional hint."""
-
-    def __init__(self, message: str, code: ExitCode = ExitCode.USAGE, hint: str = ""):
-        super().__init__(message)
-        self.exit_code = int(code)
-        self.hint = hint
-
-    def show(self, file=None):
-        click.echo(f"labs: error: {self.message}", err=True)
-        if self.hint:
-            click.echo(f"  hint: {self.hint}", err=True)
+    def invoke(self, ctx):
+        try:
+            return super().invoke(ctx)
+        except LabsError as e:
+            if (ctx.obj or {}).get("traceback"):
+                raise
+            click.echo(f"labs: error: {e.message}", err=True)
+            if e.hint:
+                click.echo(f"  hint: {e.hint}", err=True)
+            ctx.exit(int(e.code))
 
 
 def _console() -> Console:
@@ -51,88 +48,11 @@ def _course(ctx) -> manifest.Course:
     try:
         return manifest.load(ctx.obj.get("course"))
     except manifest.ManifestError as e:
-        raise LabsError(str(e), hint=e.hint or "run inside the course repository or pass --course DIR") from None
+        e.hint = e.hint or "run inside the course repository or pass --course DIR"
+        raise
 
 
-def staff_output(course: manifest.Course, path: Path | None, default: str, option: str) -> Path:
-    """Where a staff command writes (grades, autograder zips, nbgrader courses): ``path``,
-    else ``<course>/.labs-staff/<default>``. Refused (a usage error naming ``option``): a
-    path inside the course tree but outside ``.labs-staff/`` (a commit or a copy of the
-    tree would take hidden graders or grades along), and a path whose parent folder does
-    not exist (a typo is not silently created)."""
-    root = course.root.resolve()
-    staff = root / manifest.STAFF_DIR
-    if path is None:
-        staff.mkdir(mode=0o700, exist_ok=True)
-        return staff / default
-    out = path.resolve()
-    if (out == root or root in out.parents) and not (out == staff or staff in out.parents):
-        raise LabsError(f"{option} {path} is inside the course tree {root}",
-                        hint=f"staff outputs go to {manifest.STAFF_DIR}/ (the default: git-ignored, never "
-                             f"released) or a folder outside the course")
-    if not out.parent.is_dir():
-        raise LabsError(f"{option} {path}: the folder {out.parent} does not exist",
-                        hint="create it first, or pass a path in an existing folder")
-    return out
-
-
-def _lab(course, number):
-    try:
-        return course.lab(number)
-    except (KeyError, ValueError):
-        raise LabsError(f"no lab {number!r} (labs.yaml lists {', '.join(sorted(course.labs))})",
-                        hint="`labs list` shows the labs") from None
-
-
-def gpu_points(course: manifest.Course, lab) -> float:
-    """Points of ``lab`` (bonus parts aside) that only a GPU can earn: its grader tests
-    marked ``gpu``, weighted as ``grading.score`` does. 0 without graders (a student
-    checkout). One ``pytest --collect-only`` of every lab's graders, cached in
-    ``.labs-staff/gpu-points.json`` by the graders' and labs.yaml's bytes."""
-    import hashlib
-    import tempfile
-    root = course.root
-    graders = sorted(p for p in (root / "graders").rglob("*.py") if "__pycache__" not in p.parts) \
-        if (root / "graders").is_dir() else []
-    if not (root / "graders" / lab.number).is_dir():
-        return 0.0
-    key = hashlib.sha256((root / manifest.MANIFEST).read_bytes())
-    for p in graders:
-        key.update(p.relative_to(root).as_posix().encode() + b"\0" + p.read_bytes())
-    cache = root / manifest.STAFF_DIR / "gpu-points.json"
-    try:
-        cached = json.loads(cache.read_text())
-        if cached.get("key") == key.hexdigest():
-            return cached["points"].get(lab.number, 0.0)
-    except (OSError, ValueError, AttributeError):
-        pass
-    points = {}
-    with tempfile.TemporaryDirectory(prefix="labs-collect-") as tmp:
-        out = Path(tmp) / "collected.json"
-        cmd = [sys.executable, "-m", "pytest", str(root / "graders"), "--collect-only", "-q", "--labs-results",
-               str(out), "--rootdir", str(root), "-p", "no:cacheprovider", "-o", "addopts=--import-mode=importlib"]
-        env = {**os.environ, "LABS_COURSE": str(root), "LABS_PROGRESS": "off"}
-        subprocess.run(cmd, cwd=root, env=env, capture_output=True, timeout=600)
-        try:
-            raw = json.loads(out.read_text())
-        except (OSError, ValueError):
-            return 0.0
-    for num, spec in course.labs.items():
-        tests = [t for t in raw["tests"] if f"/graders/{num}/" in "/" + t["nodeid"]]
-        try:
-            scored = grading.score({"tests": tests}, spec)
-        except grading.GradingError:
-            continue
-        points[num] = round(sum(t.max_score for t in scored if "gpu" in t.tags and not t.bonus), 1)
-    try:
-        cache.parent.mkdir(mode=0o700, exist_ok=True)
-        cache.write_text(json.dumps({"key": key.hexdigest(), "points": points}))
-    except OSError:
-        pass
-    return points.get(lab.number, 0.0)
-
-
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.group(cls=_Labs, context_settings={"help_option_names": ["-h", "--help"]})
 @click.option("--course", type=click.Path(file_okay=False, path_type=Path), default=None,
               help="Course root holding labs.yaml (default: search upwards from the current directory).")
 @click.option("--traceback", is_flag=True, help="Show Python tracebacks for errors.")
@@ -151,7 +71,7 @@ def list_labs(ctx, as_json):
     course = _course(ctx)
     rows = []
     for num, lab in sorted(course.labs.items()):
-        gpu = gpu_points(course, lab)
+        gpu = grading.gpu_points(course, lab)
         rows.append({"lab": num, "title": lab.title, "module": f"labs/{num}/{lab.filename}",
                      "parts": {k: p.points for k, p in lab.parts.items()}, "points": lab.points,
                      "gpu_points": gpu, "gpu": f"{gpu:g} pts need a GPU" if gpu else "none",
@@ -177,7 +97,7 @@ def list_labs(ctx, as_json):
 def test(ctx, lab, pytest_args):
     """Run a lab's visible tests: the same as `pytest labs/NN [PYTEST_ARGS]`."""
     course = _course(ctx)
-    lab = _lab(course, lab)
+    lab = course.lab(lab)
     cmd = [sys.executable, "-m", "pytest", f"labs/{lab.number}", *pytest_args]
     ctx.exit(subprocess.call(cmd, cwd=course.root))
 
@@ -203,21 +123,17 @@ def grade(ctx, path, lab_number, json_path, seed, timeout_s, sandbox):
     grading ran, whatever the score.
     """
     course = _course(ctx)
-    lab = _lab(course, lab_number)
+    lab = course.lab(lab_number)
     if not path.is_dir():
         raise LabsError(f"submission {path} is not a directory", hint="pass a checkout or a folder holding NN/<module>.py")
     why = ""  # why the default sandbox is a local process: a note after grading (errors come first)
     if sandbox is None:
-        from . import container
         sandbox, why = container.choose_sandbox(course)
     try:
         result = grading.grade(path, lab, course, seed=seed, timeout_s=timeout_s, sandbox=sandbox)
     except grading.GradingError as e:
-        if ctx.obj["traceback"]:
-            raise
-        hint = ("not the submission's fault: fix the grading environment, then grade again"
-                if isinstance(e, grading.InfraFailure) else "check graders/ and labs.yaml")
-        raise LabsError(str(e), ExitCode.GRADING_FAILED, hint=hint) from None
+        e.hint = e.hint or "check graders/ and labs.yaml"
+        raise
     cause = _one_cause(result, path, lab)
     for note in ([why] if why else []) + [n for n in result.notes if n not in cause]:
         click.echo(f"labs: note: {note}", err=True)
@@ -231,41 +147,6 @@ def grade(ctx, path, lab_number, json_path, seed, timeout_s, sandbox):
         click.echo(f"labs: warning: progress not recorded ({problem})", err=True)
     if json_path:
         grading.write_json_atomic(json_path, result.to_gradescope())
-
-
-@main.group()
-def image():
-    """Build the grading images (docker/: one locked environment, CPU and CUDA)."""
-
-
-@image.command("build")
-@click.option("--gpu", is_flag=True, help="Build the CUDA image (labs.yaml images.gpu) instead of the CPU one.")
-@click.option("--base-image", default=None, metavar="IMG",
-              help="Base image (default python:3.11-slim, or an NVIDIA CUDA base with --gpu). When the "
-                   "default is neither present nor pullable, a Debian base is made with debootstrap.")
-@click.option("--tag", default=None, help="Image name (default: labs.yaml images.cpu / images.gpu).")
-@click.pass_context
-def image_build(ctx, gpu, base_image, tag):
-    """Build the grading image that `labs grade --sandbox docker` runs.
-
-    It holds the locked environment, the harness, the lab stubs and the hidden
-    graders (readable by root only), never the solutions or a submission."""
-    from . import container
-    course = _course(ctx)
-    try:
-        built = container.build_image(course, gpu=gpu, base_image=base_image, tag=tag,
-                                      log=lambda m: click.echo(f"labs: {m}", err=True))
-    except container.ContainerError as e:
-        if ctx.obj["traceback"]:
-            raise
-        first, *rest = str(e).splitlines()
-        for line in rest:
-            click.echo(line, err=True)
-        raise LabsError(first, ExitCode.GRADING_FAILED,
-                        hint="start the Docker engine; see docker/ and `labs image build --help`") from None
-    for note in built.notes:
-        click.echo(f"labs: note: {note}", err=True)
-    click.echo(f"built {built.tag} on {built.base}: {built.size_bytes / 1e9:.2f} GB, {built.build_s:.0f} s")
 
 
 IMPL_ERRORS = {"missing": "no module", "import": "import error", "api": "api mismatch"}
@@ -313,16 +194,81 @@ def _print_result(result: grading.GradeResult, lab) -> None:
                   f"{result.duration_s:.1f} s")
 
 
-for _command in progress.COMMANDS:  # labs progress, labs reset
-    main.add_command(_command)
+# --- your progress (harness.progress: the local store) ----------------------------
 
-# the staff commands; a student release has no such modules (harness.release.STAFF_HARNESS)
-for _module, _command in (("classroom", "grade_all_command"),        # labs grade-all
-                          ("nbgrader_export", "nbgrader_group"),     # labs nbgrader export
-                          ("gradescope", "gradescope_group"),        # labs gradescope build
-                          ("release", "release_command")):           # labs release
+@main.command("progress")
+@click.argument("lab_number", required=False, metavar="[NN]")
+@click.option("--json", "as_json", is_flag=True, help="Print the status as JSON.")
+@click.option("--html", "html_path", type=click.Path(dir_okay=False, path_type=Path), default=None,
+              help="Write a self-contained HTML report with plots to this file.")
+@click.pass_context
+def progress_command(ctx, lab_number, as_json, html_path):
+    """Your local progress per lab and part: visible tests, local grades, perf, attempts.
+
+    Recorded on this machine by `pytest labs/NN` and `labs grade` (nothing is sent
+    anywhere); the store is $LABS_PROGRESS_DB or the user data directory.
+    """
+    course = _course(ctx)
+    lab = course.lab(lab_number).number if lab_number else None
     try:
-        main.add_command(getattr(importlib.import_module(f"{__package__}.{_module}"), _command))
-    except ModuleNotFoundError as _e:
-        if _e.name != f"{__package__}.{_module}":
-            raise
+        summary = progress.summarize(course, lab=lab)
+    except progress.ProgressError as e:
+        raise LabsError(str(e), hint="set LABS_PROGRESS_DB to another file, or `labs reset`") from None
+    if html_path:
+        html_path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = html_path.with_name(f".{html_path.name}.tmp")
+        tmp.write_text(progress.render_html(summary, course), encoding="utf-8")
+        os.replace(tmp, html_path)
+        click.echo(f"labs: wrote {html_path}", err=True)
+    if as_json:
+        click.echo(json.dumps(summary, indent=2))
+        return
+    if html_path:
+        return
+    table = Table(title=f"{course.name}: local progress", box=box.SIMPLE_HEAD, pad_edge=False)
+    for c in progress.SHORT_COLUMNS:
+        table.add_column(c, justify="right" if c in ("Runs", "Grades") else "left", no_wrap=c != "Best perf")
+    for is_lab, cells in progress.table_rows(summary, short=True):
+        table.add_row(*cells, style="bold" if is_lab else None)
+    Console(highlight=False, width=None if sys.stdout.isatty() else 140).print(table)
+    click.echo(f"Visible: tests passed at the last `pytest labs/NN`; grades: local `labs grade` scores; "
+               f"perf ratio: your time / baseline (lower is better). Recorded in {summary['db']}; "
+               "`labs progress --html FILE` plots your attempts.")
+
+
+@main.command("reset")
+@click.argument("lab_number", required=False, metavar="[NN]")
+@click.option("--yes", "-y", is_flag=True, help="Do not ask for confirmation.")
+@click.pass_context
+def reset_command(ctx, lab_number, yes):
+    """Delete your recorded progress (all labs, or lab NN)."""
+    course = _course(ctx)
+    lab = course.lab(lab_number).number if lab_number else None
+    what = f"lab {lab}" if lab else f"every lab of {course.name}"
+    try:
+        n = len(progress.load_runs(progress.checkout(course), lab))
+    except progress.ProgressError as e:
+        raise LabsError(str(e)) from None
+    if n == 0:
+        click.echo(f"nothing recorded for {what}")
+        return
+    if not yes:
+        click.confirm(f"Delete {n} recorded run(s) of {what} from {progress.db_path()}?", abort=True)
+    try:
+        deleted = progress.delete_runs(progress.checkout(course), lab)
+    except progress.ProgressError as e:
+        raise LabsError(str(e)) from None
+    click.echo(f"deleted {deleted} recorded run(s) of {what}")
+
+
+
+# --- staff commands (harness.cli.staff); a student release has none of them --------
+
+try:
+    from . import staff as _staff
+except ModuleNotFoundError as _e:  # harness.release.STAFF_HARNESS: left out of a student release
+    if _e.name != f"{__package__}.staff":
+        raise
+else:
+    for _command in _staff.COMMANDS:
+        main.add_command(_command)
