@@ -36,13 +36,19 @@ def _acc_dtype(dtype: torch.dtype) -> torch.dtype:
     return torch.float32 if dtype in (torch.float16, torch.bfloat16) else dtype
 
 
-def _ring(group):
-    """(rank, W, global rank of the right neighbour, global rank of the left one) within ``group``."""
+def ring_neighbours(group=None) -> tuple[int, int, int, int]:
+    """(rank, W, right, left) for ``group`` (default: the world).
+
+    ``rank`` and ``W`` are taken within the group; ``right`` and ``left`` are the
+    *global* ranks of the next and previous ranks on the ring, which is what
+    ``dist.isend(tensor, dst)`` and ``dist.irecv(tensor, src)`` expect.
+    """
     W = dist.get_world_size(group)
     rank = dist.get_rank(group)
-    right = dist.get_global_rank(group, (rank + 1) % W) if group is not None else (rank + 1) % W
-    left = dist.get_global_rank(group, (rank - 1) % W) if group is not None else (rank - 1) % W
-    return rank, W, right, left
+    if group is None:
+        return rank, W, (rank + 1) % W, (rank - 1) % W
+    return (rank, W, dist.get_global_rank(group, (rank + 1) % W),
+            dist.get_global_rank(group, (rank - 1) % W))
 
 
 def _exchange(send_buf: torch.Tensor, recv_buf: torch.Tensor, right: int, left: int, group) -> None:
@@ -66,7 +72,7 @@ def _reduce_scatter_chunks(chunks: torch.Tensor, op: str, group) -> None:
     from the left and reduce it into ours. The row sent at step s+1 is the one just
     reduced, so after W-1 steps row ``rank`` has collected all W contributions.
     """
-    rank, W, right, left = _ring(group)
+    rank, W, right, left = ring_neighbours(group)
     c = chunks.shape[1]
     if W == 1 or c == 0:
         return
@@ -82,7 +88,7 @@ def _all_gather_chunks(chunks: torch.Tensor, group) -> None:
 
     Step s: send row (rank-s) mod W to the right, receive row (rank-s-1) mod W from the left.
     """
-    rank, W, right, left = _ring(group)
+    rank, W, right, left = ring_neighbours(group)
     if W == 1 or chunks.shape[1] == 0:
         return
     for s in range(W - 1):
@@ -111,7 +117,7 @@ def ring_reduce_scatter(tensor: torch.Tensor, op: str = "sum", group=None) -> to
     Each rank sends (W-1) messages of c elements.
     """
     _check(tensor, op)
-    rank, W, _, _ = _ring(group)
+    rank, W, _, _ = ring_neighbours(group)
     chunks = _padded_chunks(tensor, W, _acc_dtype(tensor.dtype))
     _reduce_scatter_chunks(chunks, op, group)
     mine = chunks[rank]
@@ -134,7 +140,7 @@ def ring_all_gather(chunk: torch.Tensor, numel: int, group=None) -> torch.Tensor
         raise TypeError(f"chunk must be a torch.Tensor, got {type(chunk).__name__}")
     if not isinstance(numel, int) or numel < 0:
         raise ValueError(f"numel must be an int >= 0, got {numel!r}")
-    rank, W, _, _ = _ring(group)
+    rank, W, _, _ = ring_neighbours(group)
     c = -(-numel // W)
     if chunk.numel() != c:
         raise ValueError(f"chunk has {chunk.numel()} elements, expected ceil(numel / W) = "
@@ -158,7 +164,7 @@ def ring_all_reduce(tensor: torch.Tensor, op: str = "sum", group=None) -> torch.
     Each rank sends 2(W-1) messages of ceil(N/W) elements (at most 4 bytes each for fp16/bf16).
     """
     _check(tensor, op)
-    rank, W, _, _ = _ring(group)
+    rank, W, _, _ = ring_neighbours(group)
     if W == 1 or tensor.numel() == 0:
         return tensor  # sum, avg and max of one contribution are the contribution
     chunks = _padded_chunks(tensor, W, _acc_dtype(tensor.dtype))  # (W, c)

@@ -24,15 +24,15 @@ import torch
 import torch.distributed as dist
 
 
-def _reduce_scatter(out: torch.Tensor, inp: torch.Tensor, group) -> None:
-    """Sum ``inp`` (W*c) over the group; this rank receives its chunk in ``out`` (c).
-    torch >= 2.13 names it reduce_scatter_single (reduce_scatter_tensor is deprecated)."""
+def reduce_scatter(out: torch.Tensor, inp: torch.Tensor, group=None) -> None:
+    """Sum ``inp`` (W*c elements) over the group; this rank receives its chunk in ``out`` (c).
+    (torch >= 2.13 calls it reduce_scatter_single; reduce_scatter_tensor is the older name.)"""
     fn = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
     fn(out, inp, op=dist.ReduceOp.SUM, group=group)
 
 
-def _all_gather(out: torch.Tensor, inp: torch.Tensor, group) -> None:
-    """Rank-ordered concatenation of every rank's ``inp`` (c) into ``out`` (W*c)."""
+def all_gather(out: torch.Tensor, inp: torch.Tensor, group=None) -> None:
+    """Rank-ordered concatenation of every rank's ``inp`` (c elements) into ``out`` (W*c)."""
     fn = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
     fn(out, inp, group=group)
 
@@ -103,7 +103,7 @@ class ZeroAdamW(torch.optim.Optimizer):
                 has_grad[i] = 1
         shard = torch.empty(c, dtype=torch.float32, device=device)
         if c > 0:
-            _reduce_scatter(shard, flat, group=self.group)
+            reduce_scatter(shard, flat, group=self.group)
         del flat
         shard /= W
         # A parameter with no gradient on any rank is skipped (as torch.optim.AdamW does).
@@ -150,7 +150,7 @@ class ZeroAdamW(torch.optim.Optimizer):
                 if b > a:
                     mine[off + a - self.lo: off + b - self.lo] = p.view(-1)[a:b]
             full = torch.empty(W * c, dtype=torch.float32, device=device)
-            _all_gather(full, mine, group=self.group)
+            all_gather(full, mine, group=self.group)
             for p, _, off in self._layout:
                 p.view(-1).copy_(full[off:off + p.numel()])
         return loss
