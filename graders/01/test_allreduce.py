@@ -559,7 +559,7 @@ def test_cpu_time_vs_gloo_all_reduce(impl, seed, record_perf):
 
 
 @pytest.mark.gpu
-@pytest.mark.perf
+@pytest.mark.perf("allreduce_busbw_vs_nccl")
 @pytest.mark.part("C")
 def test_busbw_vs_nccl(impl, seed, record_perf):
     """busbw (nccl-tests) = 2(W-1)/W * bytes / time; ratio = NCCL busbw / yours (lower is better)."""

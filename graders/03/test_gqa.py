@@ -467,7 +467,7 @@ def _speed_vs_sdpa(impl, seed, shapes, device, dtype, backend, threshold):
 
 
 @pytest.mark.gpu
-@pytest.mark.perf
+@pytest.mark.perf("gqa_vs_sdpa")
 @pytest.mark.part("C")
 @pytest.mark.points(3)
 def test_speed_against_sdpa_enable_gqa(impl, seed, lab, record_perf):
@@ -475,7 +475,7 @@ def test_speed_against_sdpa_enable_gqa(impl, seed, lab, record_perf):
     record_perf("gqa_vs_sdpa", ratio, **figures)
 
 
-@pytest.mark.perf
+@pytest.mark.perf("gqa_vs_sdpa_cpu")
 @pytest.mark.part("C")
 @pytest.mark.points(2)
 def test_cpu_speed_against_sdpa(impl, seed, lab, record_perf):

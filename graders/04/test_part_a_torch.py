@@ -113,7 +113,7 @@ def test_part_a_bad_args_raise(impl, fa, gen, bad_arg):
 CPU_PERF_SHAPES = [(1, 4, 256, 64, False), (1, 4, 256, 64, True)]
 
 
-@pytest.mark.perf
+@pytest.mark.perf("torch_vs_sdpa_cpu")
 @pytest.mark.points(2)
 def test_part_a_cpu_speed_vs_sdpa(impl, fa, seed, lab, record_perf):
     """Geomean over shapes of median(flash_attention_torch) / median(SDPA), CPU time per

@@ -206,7 +206,7 @@ PERF_SHAPES = [(4, 16, 1024, 64, False), (8, 16, 512, 64, True), (2, 16, 2048, 1
 
 
 @pytest.mark.gpu
-@pytest.mark.perf
+@pytest.mark.perf("triton_vs_sdpa_flash")
 @pytest.mark.points(4)
 def test_part_b_speed_vs_sdpa_flash(impl, fa, seed, lab, record_perf):
     """Geomean over shapes and fp16/bf16 of median(kernel) / median(SDPA flash), timed in

@@ -806,7 +806,7 @@ PERF_CFG = dict(vocab_size=256, d_model=128, n_layers=2, n_heads=8, n_kv_heads=2
 PERF_B, PERF_L, PERF_N = 1, 128, 16
 
 
-@pytest.mark.perf
+@pytest.mark.perf("kv_cache_vs_uncached_cpu")
 @pytest.mark.part("A")
 @pytest.mark.points(2)
 def test_cpu_speed_cached_vs_uncached_generate(impl, gen, lab, record_perf):
