@@ -149,6 +149,12 @@ print("solutions", hits)
     assert "'04'" in out and "group/other bits []" in out and "solutions []" in out, out
 
 
+# labs whose stub is graded in the container too: multi-rank (01: its W ranks fail under the
+# container's pids and memory limits) and Triton (04); every lab's stub scores 0 in the process
+# sandbox (tests/test_labs.py), and a stub costs a container run as long as the reference's
+STUB_IN_CONTAINER = ("01", "04")
+
+
 @pytest.mark.docker
 @pytest.mark.parametrize("number", _labs_with_reference())
 def test_reference_scores_max_runnable_and_stub_zero_in_the_container(image, number):
@@ -157,6 +163,8 @@ def test_reference_scores_max_runnable_and_stub_zero_in_the_container(image, num
     failed = [f"{t.name}: {t.outcome}: {t.output[:300]}" for t in ref.tests if t.runnable and t.outcome != "passed"]
     assert not failed and ref.score == pytest.approx(ref.max_score_runnable + lab.bonus_points), \
         "\n".join(failed + ref.notes)
+    if number not in STUB_IN_CONTAINER:
+        return
     stub = grading.grade(ROOT / "labs", lab, COURSE, sandbox="docker")
     assert stub.score == 0 and len(stub.tests) == len(ref.tests)
     assert all(t.outcome in ("failed", "error", "skipped") for t in stub.tests)

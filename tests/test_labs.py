@@ -1,6 +1,7 @@
 """Every lab's graders, proven both ways (design.md, "One lab, three implementations"):
 the reference gets full runnable marks, the stub scores zero with every runnable test
-failing, and every mutant in tests/mutants/NN fails at least one grader test.
+failing, and every mutant in tests/mutants/NN fails at least one grader test (a mutant's
+``SELECT``, a pytest ``-k`` expression, names the test(s) that kill it: only those run).
 Visible tests: the stub fails them with NotImplementedError, the reference passes."""
 import ast
 import subprocess
@@ -52,8 +53,13 @@ def test_mutant_fails_a_grader_test(number, mutant, tmp_path):
     doc = ast.get_docstring(ast.parse(mutant.read_text()))
     assert doc, f"{mutant.name}: say what the bug is in a docstring"
     impl = materialize_mutant(mutant, COURSE.lab(number), tmp_path)
-    p = pytest_run(f"graders/{number}", "--impl", str(impl), "-x", "-q", "-p", "no:randomly")
-    assert p.returncode == 1, f"mutant {mutant.name} survived the graders (exit {p.returncode}):\n{p.stdout[-2000:]}"
+    # SELECT (a pytest -k expression, optional): the grader test(s) that kill the mutant, so
+    # CI does not first run every test before them; a selection that keeps no test exits 5
+    select = _assigned(mutant, "SELECT", None)
+    p = pytest_run(f"graders/{number}", "--impl", str(impl), "-x", "-q", "-p", "no:randomly",
+                   *(["-k", select] if select else []))
+    assert p.returncode == 1, f"mutant {mutant.name} survived the graders{f' -k {select!r}' if select else ''} " \
+        f"(exit {p.returncode}):\n{p.stdout[-2000:]}"
 
 
 def _assigned(path, name, default):

@@ -3,6 +3,7 @@ float32 q is silently accepted (and upcast) instead of raising TypeError naming 
 
 Killed by: graders/04/test_part_a_torch.py::test_part_a_bad_args_raise[k-dtype-differs].
 """
+SELECT = 'test_part_a_bad_args_raise and k-dtype-differs'
 MUTATE = [
     ("        if t.dtype != q.dtype:\n", "        if False:\n"),
 ]
