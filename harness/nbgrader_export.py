@@ -1,5 +1,5 @@
-"""nbgrader, both ways: export the labs as an nbgrader course, and record the
-sandboxed grader's scores in an nbgrader gradebook.
+"""nbgrader: export the labs as an nbgrader course, and collect the submitted
+modules; ``harness.gradebook`` records the sandboxed grader's scores.
 
 Grades never come from a notebook kernel. nbgrader's autograde runs every cell
 of a student's notebook in one kernel, so an earlier cell can patch whatever a
