@@ -85,7 +85,6 @@ CSV_NAME = "grades.csv"         # OUT/grades.csv
 STUDENTS_DIR = "students"       # OUT/students/<student>/results.json
 RESULTS_NAME = "results.json"
 FIXED_COLUMNS = ["student", "lab", "score", "max", "max_runnable", "status"]
-SKIP_NAMES = {"__MACOSX", ".git", "__pycache__", ".ipynb_checkpoints"}
 
 
 class GradebookError(LabsError):
@@ -140,7 +139,7 @@ def discover(root: Path) -> tuple[list[Submission], list[str]]:
     found: dict[str, list[Path]] = {}
     notes, strays = [], []
     for p in sorted(root.iterdir()):
-        if p.name.startswith(".") or p.name in SKIP_NAMES:
+        if p.name.startswith(".") or p.name in _impl.SKIP_NAMES:
             continue
         if p.is_dir():
             student = p.name
@@ -267,38 +266,6 @@ def unpack(archive: Path, dest: Path, max_bytes: int = DEFAULT_MAX_UNPACKED_MB <
     return dest
 
 
-# --- locating the lab module -------------------------------------------------
-
-def find_module(root: Path, lab: Lab) -> Path | None:
-    """The submission's ``<module>.py``: ``labs/NN/``, ``NN/`` or the top level
-    first, else the shallowest one anywhere below (archives often wrap a folder)."""
-    for c in (root / "labs" / lab.number / lab.filename, root / lab.number / lab.filename, root / lab.filename):
-        if c.is_file():
-            return c
-    found = [p for p in root.rglob(lab.filename)
-             if p.is_file() and not any(part in SKIP_NAMES or part.startswith(".")
-                                        for part in p.relative_to(root).parts)]
-    if not found:
-        return None
-    return min(found, key=lambda p: (len(p.relative_to(root).parts), str(p)))
-
-
-def grading_root(module: Path, lab: Lab, work: Path, source: bytes | None = None) -> Path:
-    """A folder that ``grading.grade`` accepts and that holds ``module``: its own
-    checkout or ``NN/`` root when it has one, else a copy (of ``source``, the module's
-    bytes, read by ``grading.read_module``: never through a link) under ``work/NN/``."""
-    for root in (module.parent.parent, module.parent.parent.parent):
-        try:
-            if _impl.module_path(root, lab).resolve() == module.resolve():
-                return root
-        except _impl.ImplError:
-            pass
-    dest = work / "staged" / lab.number
-    dest.mkdir(parents=True, exist_ok=True)
-    (dest / lab.filename).write_bytes(source if source is not None else grading.read_module(module, module.parent))
-    return dest.parent
-
-
 def fingerprint(sub: Submission, lab: Lab) -> str:
     """sha256 of the archive's bytes, or of the folder's lab module (``missing``
     when there is none; of every entry's name and fingerprint when ``ambiguous``):
@@ -312,8 +279,9 @@ def fingerprint(sub: Submission, lab: Lab) -> str:
     if sub.is_archive:
         path = sub.path
     else:
-        path = find_module(sub.path, lab)
-        if path is None:
+        try:
+            path = _impl.locate(sub.path, lab)
+        except _impl.ImplError:
             return "missing"
     with open(path, "rb") as f:
         for chunk in iter(lambda: f.read(1 << 20), b""):
@@ -431,14 +399,8 @@ def _grade_one(sub: Submission, lab: Lab, course: Course, *, timeout_s, sandbox,
                 status = f"unpack error: {sub.path.name}: {e}"
                 return Row(sub.student, status, _empty_results(lab, sub.student, status, fp, sub.path),
                            time.monotonic() - t0, kind=Status.STUDENT_ERROR)
-        module = find_module(root, lab)
-        if module is None:
-            status = f"no module: no {lab.filename} in {sub.path.name} (looked for labs/{lab.number}/, " \
-                     f"{lab.number}/ and the top level, then anywhere)"
-            return Row(sub.student, status, _empty_results(lab, sub.student, status, fp, sub.path),
-                       time.monotonic() - t0, kind=Status.STUDENT_ERROR)
-        try:  # a link (to a reference, a secret), a linked folder, a huge file: refused
-            source = grading.read_module(module, root)
+        try:  # none, two equally deep, a link (to a reference, a secret), a huge file: refused
+            grading.read_module(_impl.locate(root, lab), root)
         except _impl.ImplError as e:
             status = f"no module: {e}"
             return Row(sub.student, status, _empty_results(lab, sub.student, status, fp, sub.path),
@@ -447,7 +409,7 @@ def _grade_one(sub: Submission, lab: Lab, course: Course, *, timeout_s, sandbox,
         if sandbox is not None:
             kwargs["sandbox"] = sandbox
         try:
-            result = grading.grade(grading_root(module, lab, work, source), lab, course, **kwargs)
+            result = grading.grade(root, lab, course, **kwargs)  # stages the module impl.locate finds
         except grading.GradingError as e:  # not the student's fault: no score, retried next run
             if isinstance(e, grading.InfraFailure):
                 status = f"infra_error: {e.reason}"

@@ -4,9 +4,9 @@ The zip (Gradescope unpacks it into ``/autograder/source``) holds::
 
     setup.sh          installs the course's locked environment (torch 2.13.0 CPU,
                       docker/requirements.lock as constraints), then the harness
-    run_autograder    copies the lab module out of /autograder/submission into a
-                      staging folder, runs `labs grade STAGED --lab NN --json ...`,
-                      then `labs gradescope finalize` writes results.json
+    run_autograder    runs `labs grade /autograder/submission --lab NN --json ...`
+                      (the module found by ``harness.impl.locate``, the rule of
+                      every command), then `labs gradescope finalize` writes results.json
     labs.yaml, pyproject.toml, harness/, graders/NN/, labs/NN/<stub>, docker/*.txt|lock
     .labs-staff/course-secret   the course's grading secret (``grading.course_secret``):
                       a regrade of the same file gets the same hidden inputs
@@ -69,36 +69,22 @@ SRC="$ROOT/source"
 SUB="$ROOT/submission"
 RESULTS="$ROOT/results"
 LAB={number}
-MODULE={module}
 if [ -z "${{LABS_PYTHON:-}}" ]; then
   if [ -x "$ROOT/venv/bin/python" ]; then LABS_PYTHON="$ROOT/venv/bin/python"; else LABS_PYTHON=python3; fi
 fi
 export PYTHONPATH="$SRC${{PYTHONPATH:+:$PYTHONPATH}}" LABS_PROGRESS=off
 mkdir -p "$RESULTS"
-STAGE="$(mktemp -d)"
-trap 'rm -rf "$STAGE"' EXIT
-
-# 1. the lab module into place: labs/NN/, NN/ or the top level of the upload, else the shallowest anywhere
-FOUND=""
-for c in "$SUB/labs/$LAB/$MODULE" "$SUB/$LAB/$MODULE" "$SUB/$MODULE"; do
-  if [ -f "$c" ]; then FOUND="$c"; break; fi
-done
-if [ -z "$FOUND" ] && [ -d "$SUB" ]; then
-  FOUND="$(find "$SUB" -type f -name "$MODULE" -not -path '*/__MACOSX/*' -printf '%d %p\\n' 2>/dev/null \\
-           | sort -n | head -n 1 | cut -d' ' -f2-)"
-fi
-mkdir -p "$STAGE/$LAB"
-[ -n "$FOUND" ] && cp "$FOUND" "$STAGE/$LAB/$MODULE"
-
-# 2. grade with the hidden graders (the Gradescope container is the sandbox)
-"$LABS_PYTHON" -m harness --course "$SRC" grade "$STAGE" --lab "$LAB" --sandbox process \\
+# 1. grade the upload with the hidden graders (the Gradescope container is the sandbox);
+# `labs grade` finds the module by the one rule (harness.impl.locate): labs/NN/, NN/, the
+# top level, else the only shallowest one anywhere
+"$LABS_PYTHON" -m harness --course "$SRC" grade "$SUB" --lab "$LAB" --sandbox process \\
     --json "$RESULTS/labs-grade.json" >"$RESULTS/labs-grade.log" 2>&1
 STATUS=$?
 
-# 3. Gradescope's results.json: visibility, leaderboard, and the reason when grading failed
+# 2. Gradescope's results.json: visibility, leaderboard, and the reason when grading failed
 exec "$LABS_PYTHON" -m harness --course "$SRC" gradescope finalize "$RESULTS/labs-grade.json" \\
     "$RESULTS/results.json" --status "$STATUS" --log "$RESULTS/labs-grade.log" \\
-    --module "${{FOUND#$SUB/}}" --lab "$LAB" --visibility {visibility}
+    --lab "$LAB" --visibility {visibility}
 """
 
 
@@ -168,8 +154,7 @@ def build_zip(course: Course, lab: Lab, out: Path, visibility: str = "after_publ
     return names
 
 
-def finalize(raw_path: Path, out_path: Path, *, status: int, log: str, module: str, lab: Lab,
-             visibility: str) -> dict:
+def finalize(raw_path: Path, out_path: Path, *, status: int, log: str, lab: Lab, visibility: str) -> dict:
     """Gradescope's results.json from ``labs grade --json`` output (see the module docstring)."""
     raw = None
     if status == 0 and raw_path.is_file():
@@ -186,6 +171,7 @@ def finalize(raw_path: Path, out_path: Path, *, status: int, log: str, module: s
         grading.write_json_atomic(out_path, res)
         return res
     res = dict(raw)
+    module = res.get("extra_data", {}).get("module", "")  # the file `labs grade` graded (impl.locate)
     for t in res["tests"]:
         t["visibility"] = visibility
     if module:

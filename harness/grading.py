@@ -75,6 +75,7 @@ class GradeResult:
     duration_s: float
     notes: list[str] = field(default_factory=list)
     ignored: list[str] = field(default_factory=list)
+    module: str = ""   # the graded file, relative to the submission ("" when none): impl.locate
     stopped: str = ""  # why the run was stopped at its time limit (tests not reached score 0)
 
     @property
@@ -104,7 +105,7 @@ class GradeResult:
                 "extra_data": {"lab": self.lab, "max_score": self.max_score,
                                "max_score_runnable": self.max_score_runnable,
                                "bonus_score": round(sum(t.score for t in self.tests if t.bonus), 4),
-                               "ignored_files": self.ignored}}
+                               "ignored_files": self.ignored, "module": self.module}}
 
     def to_json(self) -> dict:
         d = asdict(self)
@@ -165,28 +166,30 @@ def grading_seed(secret: bytes | None, lab: Lab, module: bytes) -> int:
 
 # --- step 1: stage ---------------------------------------------------------
 
-def stage(submission: Path, lab: Lab, workdir: Path) -> tuple[Path, list[str], list[str]]:
-    """Copy the submission's ``NN/<module>.py`` into ``workdir/impl/NN/``.
+def stage(submission: Path, lab: Lab, workdir: Path) -> tuple[Path, str, list[str], list[str]]:
+    """Copy the submission's module (found by ``impl.locate``: the one rule) into
+    ``workdir/impl/NN/``.
 
-    Returns ``(impl_root, notes, ignored)``. A missing or refused module (see
-    :func:`read_module`) is a note (every test will fail naming it), not an
-    error: the submission still gets a row.
+    Returns ``(impl_root, module, notes, ignored)``: ``module`` is the graded file's
+    path relative to ``submission`` ("" when none). A missing, ambiguous or refused
+    module (see :func:`read_module`) is a note (every test will fail naming it), not
+    an error: the submission still gets a row.
     """
     impl_root = workdir / "impl"
     dest = impl_root / lab.number
     dest.mkdir(parents=True)
     notes, ignored = [], []
     try:
-        src = _impl.module_path(submission, lab)
+        src = _impl.locate(submission, lab)
         (dest / lab.filename).write_bytes(read_module(src, submission))
     except _impl.ImplError as e:
         notes.append(str(e))
-        return impl_root, notes, ignored
+        return impl_root, "", notes, ignored
     ignored = sorted(str(p.relative_to(src.parent)) for p in src.parent.rglob("*")
                      if p.is_file() and p != src and "__pycache__" not in p.parts)
     if ignored:
         notes.append(f"graded only {lab.number}/{lab.filename}; ignored {len(ignored)} other file(s) in its folder")
-    return impl_root, notes, ignored
+    return impl_root, src.relative_to(submission).as_posix(), notes, ignored
 
 
 MAX_MODULE_BYTES = 1 << 20
@@ -343,8 +346,8 @@ def score(raw: dict, lab: Lab, note: str = "", partial: bool = False) -> list[Te
 
 def grade(submission: Path | str, lab: Lab, course: Course, *, seed: int | None = None,
           timeout_s: float | None = None, sandbox: str = "process", select: str | None = None) -> GradeResult:
-    """Grade the code at ``submission`` (a checkout root with ``labs/NN/`` or a
-    directory with ``NN/<module>.py``) for ``lab``; ``sandbox`` is where the
+    """Grade the code at ``submission`` (a checkout, a directory with ``NN/<module>.py``,
+    an upload: the module is found by ``impl.locate``) for ``lab``; ``sandbox`` is where the
     graders run: ``"process"`` (a local child process) or ``"docker"`` (the
     course's grading image; see ``run``); ``select``: only the grader tests a pytest
     ``-k`` expression keeps (see ``run``).
@@ -360,7 +363,7 @@ def grade(submission: Path | str, lab: Lab, course: Course, *, seed: int | None 
     t0 = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="labs-grade-") as tmp:
         work = Path(tmp)
-        impl_root, notes, ignored = stage(submission, lab, work)
+        impl_root, module, notes, ignored = stage(submission, lab, work)
         if seed is None:
             staged = impl_root / lab.number / lab.filename
             seed = grading_seed(course_secret(course), lab, staged.read_bytes() if staged.is_file() else b"")
@@ -374,7 +377,7 @@ def grade(submission: Path | str, lab: Lab, course: Course, *, seed: int | None 
     for t in tests:  # name the submission, not the temporary copy, in messages
         t.output = t.output.replace(str(impl_root), str(submission))
     return GradeResult(lab=lab.number, submission=str(submission), seed=seed, tests=tests,
-                       duration_s=time.monotonic() - t0, notes=notes, ignored=ignored,
+                       duration_s=time.monotonic() - t0, notes=notes, ignored=ignored, module=module,
                        stopped=note if raw.get("stopped") else "")
 
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 import hashlib
 import importlib.util
 import inspect
+import os
 import sys
 from pathlib import Path
 from types import ModuleType
@@ -41,15 +42,39 @@ def impl_root(spec: str, course: Course, cwd: Path | None = None) -> Path:
     return p
 
 
-def module_path(root: Path, lab: Lab) -> Path:
-    """``root/NN/<module>.py``, or ``root/labs/NN/<module>.py`` for a checkout.
-    Raises ImplError naming both places looked at."""
-    candidates = [root / lab.number / lab.filename, root / "labs" / lab.number / lab.filename]
-    for c in candidates:
+SKIP_NAMES = frozenset({"__MACOSX", "__pycache__", ".ipynb_checkpoints", "venv", "node_modules"})  # and .hidden
+
+
+def locate(root: Path, lab: Lab) -> Path:
+    """The lab's module file in ``root`` (a checkout, an ``NN/`` folder, an unpacked
+    upload): the one rule of ``labs grade``, ``labs grade-all``, the Gradescope
+    autograder, nbgrader's collected modules and ``--impl``. In order:
+    ``labs/NN/<module>.py``, ``NN/<module>.py``, ``<module>.py`` at the top, else the
+    shallowest ``<module>.py`` anywhere below (archives often wrap a folder), skipping
+    hidden folders, ``__MACOSX``, ``__pycache__`` and virtual environments.
+
+    Raises ImplError naming ``root`` and the rule when there is none, and naming the
+    files when two or more lie equally shallow (which one is the submission is the
+    student's to say, never ours to guess)."""
+    root = Path(root)
+    for c in (root / "labs" / lab.number / lab.filename, root / lab.number / lab.filename, root / lab.filename):
         if c.is_file():
             return c
-    raise ImplError(f"no {lab.number}/{lab.filename} in {root} (looked at "
-                    + " and ".join(str(c) for c in candidates) + ")")
+    found: list[Path] = []
+    for d, dirs, files in os.walk(root):
+        dirs[:] = sorted(x for x in dirs if not x.startswith(".") and x not in SKIP_NAMES)
+        if lab.filename in files and os.path.isfile(os.path.join(d, lab.filename)):
+            found.append(Path(d) / lab.filename)
+    if not found:
+        raise ImplError(f"no {lab.filename} in {root} (looked at labs/{lab.number}/{lab.filename}, "
+                        f"{lab.number}/{lab.filename}, {lab.filename} and every folder below)")
+    depth = lambda p: len(p.relative_to(root).parts)
+    best = sorted(p for p in found if depth(p) == min(map(depth, found)))
+    if len(best) > 1:
+        raise ImplError(f"{len(best)} files named {lab.filename} equally deep in {root}: "
+                        + ", ".join(p.relative_to(root).as_posix() for p in best[:5])
+                        + f"; keep one, or put yours at labs/{lab.number}/{lab.filename}")
+    return best[0]
 
 
 def load_module(path: Path | str) -> ModuleType:

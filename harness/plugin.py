@@ -81,7 +81,7 @@ class _LabsState:
 
     def module_file(self, lab) -> Path:
         root = _impl.impl_root(self.impl_spec, self.course, self.invocation_dir)
-        return _impl.module_path(root, lab)
+        return _impl.locate(root, lab)
 
     def module(self, lab):
         """Load once per lab; remember a failure so each test reports it."""

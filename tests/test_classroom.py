@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from harness import classroom, manifest
+from harness import classroom, impl as _impl, manifest
 from tests.conftest import ROOT, TOY_SOLUTION, TOY_STUB, materialize_mutant
 
 
@@ -79,7 +79,8 @@ def test_unpack_corrupt_archive_is_an_unpack_error(tmp_path, data):
             classroom.unpack(tmp_path / name, tmp_path / "out")
 
 
-def test_find_module_prefers_checkout_then_shallowest(toy_course, tmp_path):
+def test_locate_prefers_checkout_then_the_only_shallowest(toy_course, tmp_path):
+    """impl.locate: the one rule of labs grade, grade-all and the Gradescope autograder."""
     lab = toy_lab(toy_course)
     sub = tmp_path / "s"
     (sub / "wrapper/deeper").mkdir(parents=True)
@@ -87,13 +88,18 @@ def test_find_module_prefers_checkout_then_shallowest(toy_course, tmp_path):
     (sub / "wrapper/toy.py").write_text("2")
     (sub / "__MACOSX").mkdir()
     (sub / "__MACOSX/toy.py").write_text("3")
-    assert classroom.find_module(sub, lab) == sub / "wrapper/toy.py"
+    assert _impl.locate(sub, lab) == sub / "wrapper/toy.py"
+    (sub / "other").mkdir()
+    (sub / "other/toy.py").write_text("5")
+    with pytest.raises(_impl.ImplError, match=r"2 files named toy.py equally deep .*other/toy.py, wrapper/toy.py"):
+        _impl.locate(sub, lab)
     (sub / "labs/07").mkdir(parents=True)
     (sub / "labs/07/toy.py").write_text("4")
-    assert classroom.find_module(sub, lab) == sub / "labs/07/toy.py"
-    assert classroom.find_module(tmp_path / "s/__MACOSX", lab) == tmp_path / "s/__MACOSX/toy.py"
+    assert _impl.locate(sub, lab) == sub / "labs/07/toy.py"
+    assert _impl.locate(tmp_path / "s/__MACOSX", lab) == tmp_path / "s/__MACOSX/toy.py"
     (tmp_path / "empty").mkdir()
-    assert classroom.find_module(tmp_path / "empty", lab) is None
+    with pytest.raises(_impl.ImplError, match="no toy.py in .*every folder below"):
+        _impl.locate(tmp_path / "empty", lab)
 
 
 def test_discover_names_students_and_gives_strays_their_own_row(tmp_path):

@@ -157,3 +157,31 @@ def test_run_autograder_writes_results_when_grading_itself_fails(autograder):
     r = autograder({"toy.py": TOY_SOLUTION})
     assert r["score"] == 0 and r["tests"] == []
     assert "could not grade" in r["output"] and "graders failed to collect" in r["output"]
+
+
+@pytest.mark.parametrize("files, expect", [
+    ({"hw/wrapper/toy.py": TOY_SOLUTION, "hw/wrapper/deeper/toy.py": TOY_STUB}, "graded"),
+    ({"a/toy.py": TOY_SOLUTION, "b/toy.py": TOY_STUB}, "2 files named toy.py equally deep"),
+], ids=["nested", "ambiguous"])
+def test_labs_grade_grade_all_and_gradescope_place_a_submission_alike(autograder, toy_course, tmp_path, files, expect):
+    """One rule (harness.impl.locate) for every command: the same nested upload gets the
+    same score, and the same ambiguous one the same clear error, from `labs grade`,
+    `labs grade-all` and the Gradescope autograder."""
+    sub = tmp_path / "class" / "frank"
+    for rel, text in files.items():
+        (sub / rel).parent.mkdir(parents=True, exist_ok=True)
+        (sub / rel).write_text(text)
+    p = labs(toy_course, "grade", str(sub), "--lab", "07", "--json", str(tmp_path / "one.json"))
+    assert p.returncode == 0, p.stderr
+    one = json.loads((tmp_path / "one.json").read_text())
+    p = labs(toy_course, "grade-all", str(tmp_path / "class"), "--lab", "07", "--out", str(tmp_path / "all"))
+    assert p.returncode == 0, p.stderr
+    row = json.loads((tmp_path / "all/students/frank/results.json").read_text())
+    ag = autograder(files)
+    if expect == "graded":
+        assert one["extra_data"]["module"] == "hw/wrapper/toy.py"
+        assert one["score"] == row["score"] == ag["score"] > 0
+        assert "Graded hw/wrapper/toy.py" in ag["tests"][0]["output"]
+    else:
+        assert expect in one["output"] and expect in row["extra_data"]["status"] and expect in ag["output"]
+        assert one["score"] == ag["score"] == 0 and row["score"] == 0.0

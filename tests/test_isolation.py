@@ -184,7 +184,7 @@ def test_a_symlinked_module_is_refused(tmp_path):
     sub = tmp_path / "sub"
     (sub / "03").mkdir(parents=True)
     (sub / "03" / LAB.filename).symlink_to(ROOT / "solutions" / "03" / LAB.filename)
-    impl_root, notes, _ = grading.stage(sub, LAB, tmp_path / "work")
+    impl_root, _, notes, _ = grading.stage(sub, LAB, tmp_path / "work")
     assert not (impl_root / "03" / LAB.filename).exists()
     assert any("symbolic link" in n for n in notes), notes
     # grade-all: a row with 0 and the reason, before any grader runs

@@ -257,15 +257,14 @@ def build_command(ctx, lab_number, out, visibility):
 @click.argument("out", type=click.Path(dir_okay=False, path_type=Path))
 @click.option("--status", type=int, default=0, help="Exit status of `labs grade`.")
 @click.option("--log", "log_path", type=click.Path(dir_okay=False, path_type=Path), default=None)
-@click.option("--module", default="", help="The graded file, relative to the submission ('' when none).")
 @click.option("--lab", "lab_number", required=True)
 @click.option("--visibility", type=click.Choice(gradescope.VISIBILITIES), default="after_published")
 @click.pass_context
-def finalize_command(ctx, raw, out, status, log_path, module, lab_number, visibility):
+def finalize_command(ctx, raw, out, status, log_path, lab_number, visibility):
     """(run_autograder) Write Gradescope's results.json from `labs grade --json` output."""
     lab = _course(ctx).lab(lab_number)
     log = log_path.read_text(errors="replace") if log_path and log_path.is_file() else ""
-    res = gradescope.finalize(raw, out, status=status, log=log, module=module, lab=lab, visibility=visibility)
+    res = gradescope.finalize(raw, out, status=status, log=log, lab=lab, visibility=visibility)
     click.echo(f"results.json: score {res['score']:g}, {len(res['tests'])} tests")
 
 
