@@ -441,13 +441,16 @@ def load_row(out: Path, student: str) -> Row | None:
     """The row kept in ``out`` for ``student`` (``results_path``, else where older
     versions kept it, ``OUT/<student>/results.json``), or None when there is none
     that can be read; without a known ``status_kind`` it counts as an
-    infrastructure failure (so it is graded again)."""
+    infrastructure failure (so it is graded again), and so does one whose tests do not
+    carry their part (``extra_data.part``: written by an older version)."""
     path = results_path(out, student)
     if not path.is_file():
         path = out / student / RESULTS_NAME
     try:
         res = json.loads(path.read_text())
         kind = Status(res["extra_data"].get("status_kind", Status.INFRA_ERROR.value))
+        if not all("part" in (t.get("extra_data") or {}) for t in res["tests"]):
+            kind = Status.INFRA_ERROR
         return Row(student, res["extra_data"]["status"], res, res.get("execution_time", 0.0), skipped=True, kind=kind)
     except (OSError, ValueError, KeyError, TypeError, AttributeError):
         return None
@@ -480,13 +483,11 @@ def write_csv(path: Path, rows: list[Row], lab: Lab) -> None:
         res = row.results
         ed = res.get("extra_data", {})
         per_test = {test_column(t): t["score"] for t in res.get("tests", [])}
-        # a part's subtotal: its tests' points ("A: test_x"), summed as the row's score is
-        parts = {k: round(sum(t["score"] for t in res.get("tests", []) if t["name"].startswith(f"{k}: ")), 4)
-                 for k in lab.parts}
+        parts = grading.part_scores(res)  # each test's extra_data.part, never its name
         mr = ed.get("max_score_runnable")
         w.writerow([row.student, lab.number, score_text(res), f"{ed.get('max_score', lab.points):g}",
                     "" if mr is None else f"{mr:g}", row.status]
-                   + [("" if res.get("score") is None else f"{parts[k]:g}") for k in lab.parts]
+                   + [("" if res.get("score") is None else f"{parts.get(k, 0.0):g}") for k in lab.parts]
                    + [("" if c not in per_test else f"{per_test[c]:g}") for c in columns])
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}-")

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import warnings
 
+from .grading import part_scores
 from .manifest import Lab
 
 
@@ -34,15 +35,6 @@ def require_nbgrader():
         raise ImportError("nbgrader is not installed (it is the optional extra `nbgrader`)") from None
     return nbgrader.api
 
-
-
-def part_scores(results: dict) -> dict[str, float]:
-    """Points per part from a Gradescope ``results.json`` (test names ``"A: test_x"``)."""
-    out: dict[str, float] = {}
-    for t in results.get("tests", []):
-        part = t["name"].split(":", 1)[0]
-        out[part] = out.get(part, 0.0) + float(t["score"])
-    return out
 
 
 class GradebookWriter:

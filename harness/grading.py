@@ -95,7 +95,7 @@ class GradeResult:
         """Gradescope's autograder ``results.json`` schema."""
         tests = [{"name": f"{t.part}: {t.name}", "score": round(t.score, 4), "max_score": round(t.max_score, 4),
                   "status": "passed" if t.outcome == "passed" and t.score >= t.max_score - 1e-9 else "failed",
-                  "output": t.output, "visibility": visibility, "tags": t.tags}
+                  "output": t.output, "visibility": visibility, "tags": t.tags, "extra_data": {"part": t.part}}
                  for t in self.tests]
         leaderboard = [{"name": p["name"], "value": round(p["ratio"], 4), "order": "asc"}
                        for t in self.tests for p in t.perf if p.get("ratio") is not None]
@@ -111,6 +111,18 @@ class GradeResult:
         d = asdict(self)
         d.update(score=self.score, max_score=self.max_score, max_score_runnable=self.max_score_runnable)
         return d
+
+
+def part_scores(results: dict) -> dict[str, float]:
+    """Points per part of a Gradescope ``results.json`` written by ``to_gradescope``
+    (each test's ``extra_data.part``; a test without one, such as the autograder's
+    "Submission check", counts for no part), summed as the score is."""
+    out: dict[str, float] = {}
+    for t in results.get("tests", []):
+        part = (t.get("extra_data") or {}).get("part")
+        if part is not None:
+            out[part] = round(out.get(part, 0.0) + float(t["score"]), 4)
+    return out
 
 
 # --- the grading seed ------------------------------------------------------

@@ -102,6 +102,40 @@ def test_locate_prefers_checkout_then_the_only_shallowest(toy_course, tmp_path):
         _impl.locate(tmp_path / "empty", lab)
 
 
+def test_grades_csv_statuses_and_subtotals_come_from_records_not_messages(toy_course, tmp_path):
+    """Reword every message and test name a grading wrote: each row's status kind and
+    its part subtotals in grades.csv stay the same (they come from the records:
+    ``impl_error``, ``stopped``, ``extra_data.part``)."""
+    from harness.grading import GradeResult, TestResult
+    lab = toy_lab(toy_course)
+
+    def results(reworded: bool):
+        say = (lambda s: "reworded: " + s[::-1]) if reworded else (lambda s: s)
+        t = lambda name, part, score, **kw: TestResult(name=say(name), nodeid=say(name), part=part, max_score=2.0,
+                                                       score=score, outcome="passed" if score else "failed",
+                                                       output=say(kw.pop("output", "")), **kw)
+        ok = GradeResult("07", "s", 1, [t("test_a", "A", 2.0), t("test_b", "B", 1.0)], 1.0)
+        broken = GradeResult("07", "s", 1, [t(f"test_{i}", "A", 0.0, impl_error="import",
+                                             output="importing toy.py failed (line 3): SyntaxError") for i in "ab"], 1.0)
+        slow = GradeResult("07", "s", 1, [t("test_a", "A", 2.0), t("test_b", "B", 0.0)], 9.0,
+                           stopped=say("stopped at the 60 s limit"))
+        rows = []
+        for student, r in (("ada", ok), ("bob", broken), ("cy", slow)):
+            status = classroom.status_of(r)
+            rows.append(classroom.Row(student, status, r.to_gradescope(), kind=classroom.kind_of(r, status)))
+        out = tmp_path / ("reworded.csv" if reworded else "plain.csv")
+        classroom.write_csv(out, rows, lab)
+        table = list(csv.DictReader(out.open()))
+        return [(r.kind, r.status.split(":")[0]) for r in rows], \
+            [(row["student"], row["part A"], row["part B"], row["score"]) for row in table]
+
+    assert results(reworded=False) == results(reworded=True)
+    kinds, table = results(reworded=True)
+    assert kinds == [(classroom.Status.OK, "ok"), (classroom.Status.STUDENT_ERROR, "import error"),
+                     (classroom.Status.TIMEOUT, "timeout")]
+    assert table == [("ada", "2", "1", "3"), ("bob", "0", "0", "0"), ("cy", "2", "0", "2")]
+
+
 def test_discover_names_students_and_gives_strays_their_own_row(tmp_path):
     for d in ("alice", "bob", ".hidden", "__MACOSX"):
         (tmp_path / d).mkdir()

@@ -16,6 +16,7 @@ import pytest
 
 from harness import impl as _impl
 from harness import manifest, nbgrader_export
+from harness.gradebook import GradebookWriter
 from tests.conftest import ROOT, TOY_GRADER, TOY_SOLUTION, TOY_STUB
 
 nbgrader = pytest.importorskip("nbgrader", reason="nbgrader is the optional extra `nbgrader` (make test installs it)")
@@ -135,10 +136,10 @@ except Exception:
     pass
 """
 KERNEL_PATCH = """\
-import builtins, subprocess, sys, harness.nbgrader_export as nbx, harness.grading
+import builtins, subprocess, sys, harness.nbgrader_export as nbx, harness.grading, harness.gradebook
 nbx.feedback_part = nbx.autograde_part = lambda *a, **k: print("6.00/6.00  passed   test_adds") or 6.0
 harness.grading.grade = lambda *a, **k: None
-nbx.GradebookWriter.record = lambda *a, **k: None
+harness.gradebook.GradebookWriter.record = lambda *a, **k: None
 subprocess.run = subprocess.Popen = lambda *a, **k: None
 sys.modules["pytest"] = sys.modules["_pytest"] = None
 builtins.open = lambda *a, **k: None
@@ -267,15 +268,15 @@ def test_gradebook_writer_records_part_scores_and_overwrites(toy_course, tmp_pat
     lab = manifest.load(toy_course).lab("07")
     url = f"sqlite:///{tmp_path / 'gb.db'}"
     res = {"score": 4.5, "extra_data": {"status": "ok"}, "tests": [
-        {"name": "A: test_adds", "score": 1.5, "max_score": 1.5, "status": "passed"},
-        {"name": "A: test_default", "score": 3.0, "max_score": 3.0, "status": "passed"},
-        {"name": "B: test_speed", "score": 0.0, "max_score": 4.0, "status": "failed"}]}
-    w = nbgrader_export.GradebookWriter(url, lab)
+        {"name": "A: test_adds", "score": 1.5, "max_score": 1.5, "status": "passed", "extra_data": {"part": "A"}},
+        {"name": "A: test_default", "score": 3.0, "max_score": 3.0, "status": "passed", "extra_data": {"part": "A"}},
+        {"name": "B: test_speed", "score": 0.0, "max_score": 4.0, "status": "failed", "extra_data": {"part": "B"}}]}
+    w = GradebookWriter(url, lab)
     w.record("alice", res)
     res["tests"][2]["score"] = 4.0
     w.record("alice", res)  # regraded: overwritten, not duplicated
     w.close()
-    w = nbgrader_export.GradebookWriter(url, lab)  # reopening keeps the structure
+    w = GradebookWriter(url, lab)  # reopening keeps the structure
     w.close()
     with Gradebook(url) as gb:
         assert gb.find_grade("lab07-part-A", "lab07", "lab07", "alice").auto_score == 4.5
