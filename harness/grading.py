@@ -66,6 +66,21 @@ class TestResult:
         return self.outcome != "skipped"
 
 
+def _gradescope_test(t: TestResult, visibility: str) -> dict:
+    """One test of Gradescope's ``results.json``. A test not run here (``skipped``: it
+    needs a GPU this machine lacks) is neither passed nor failed: no ``status`` and
+    ``max_score`` 0 (Gradescope shows it neutral, not as a failure), its worth in
+    ``extra_data.not_run_points`` and the reason in its output."""
+    entry = {"name": f"{t.part}: {t.name}", "score": round(t.score, 4), "max_score": round(t.max_score, 4),
+             "output": t.output, "visibility": visibility, "tags": t.tags, "extra_data": {"part": t.part}}
+    if not t.runnable:
+        entry.update(max_score=0.0, output=f"not run here, worth {t.max_score:.4g} points: {t.output}")
+        entry["extra_data"]["not_run_points"] = round(t.max_score, 4)
+    else:
+        entry["status"] = "passed" if t.outcome == "passed" and t.score >= t.max_score - 1e-9 else "failed"
+    return entry
+
+
 @dataclass
 class GradeResult:
     lab: str
@@ -80,7 +95,9 @@ class GradeResult:
 
     @property
     def score(self) -> float:
-        return round(sum(t.score for t in self.tests), 4)
+        """The sum of the tests' scores as results.json shows them (each rounded to 4
+        places), so that every total (grades.csv, the gradebook, results.json) agrees."""
+        return round(sum(round(t.score, 4) for t in self.tests), 4)
 
     @property
     def max_score(self) -> float:
@@ -93,12 +110,12 @@ class GradeResult:
 
     def to_gradescope(self, visibility: str = "visible") -> dict:
         """Gradescope's autograder ``results.json`` schema."""
-        tests = [{"name": f"{t.part}: {t.name}", "score": round(t.score, 4), "max_score": round(t.max_score, 4),
-                  "status": "passed" if t.outcome == "passed" and t.score >= t.max_score - 1e-9 else "failed",
-                  "output": t.output, "visibility": visibility, "tags": t.tags, "extra_data": {"part": t.part}}
-                 for t in self.tests]
-        leaderboard = [{"name": p["name"], "value": round(p["ratio"], 4), "order": "asc"}
-                       for t in self.tests for p in t.perf if p.get("ratio") is not None]
+        tests = [_gradescope_test(t, visibility) for t in self.tests]
+        figures = [(p["name"], t.name.partition("[")[2].rstrip("]"), p["ratio"])
+                   for t in self.tests for p in t.perf if p.get("ratio") is not None]
+        names = [n for n, _, _ in figures]  # a name recorded by several cases gets the case id: names stay unique
+        leaderboard = [{"name": f"{n} [{case}]" if names.count(n) > 1 and case else n, "value": round(r, 4),
+                        "order": "asc"} for n, case, r in figures]
         return {"score": self.score, "execution_time": round(self.duration_s, 2),
                 "output": "\n".join(self.notes), "visibility": visibility, "stdout_visibility": "hidden",
                 "tests": tests, "leaderboard": leaderboard,

@@ -27,6 +27,7 @@ def main() -> int:
     table = Table(title="Lab 04 (Flash Attention): hidden-grader scores")
     for col in ("Submission", "Score", "Runnable max", "Max", "Failed tests", "Time"):
         table.add_column(col)
+    not_run = 0.0
     with tempfile.TemporaryDirectory() as tmp:
         subs = {"reference (solutions/)": ROOT / "solutions", "stub (labs/)": ROOT / "labs"}
         for name in MUTANTS:
@@ -36,9 +37,13 @@ def main() -> int:
             console.print(f"grading {label} ...")
             r = grading.grade(path, lab, course)
             failed = sum(t.outcome in ("failed", "error", "not run") for t in r.tests)
+            not_run = r.max_score - r.max_score_runnable
             table.add_row(label, f"{r.score:.1f}", f"{r.max_score_runnable:.1f}", f"{r.max_score:.1f}",
                           str(failed), f"{r.duration_s:.0f} s")
     console.print(table)
+    if not_run:  # a legend: the totals are capped here, not silently
+        console.print(f"Runnable max: the points this machine can award. {not_run:g} of the {lab.points:g} points "
+                      f"need a CUDA GPU (tests marked gpu): they are skipped here and graded on a GPU runner.")
     return 0
 
 

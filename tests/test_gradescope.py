@@ -30,7 +30,9 @@ def check_results_schema(r: dict) -> None:
     for t in r["tests"]:
         assert isinstance(t["name"], str) and isinstance(t["output"], str)
         assert isinstance(t["score"], (int, float)) and isinstance(t["max_score"], (int, float))
-        assert t["status"] in ("passed", "failed") and t["visibility"] in VISIBILITIES
+        assert t.get("status", "passed") in ("passed", "failed") and t["visibility"] in VISIBILITIES
+        if "status" not in t:  # not run here (a GPU test on a CPU worker): neutral, worth nothing here
+            assert t["max_score"] == 0 and t["extra_data"]["not_run_points"] > 0 and "not run here" in t["output"]
         assert isinstance(t.get("tags", []), list)
     for e in r.get("leaderboard", []):
         assert isinstance(e["name"], str) and isinstance(e["value"], (int, float, str))
@@ -185,3 +187,23 @@ def test_labs_grade_grade_all_and_gradescope_place_a_submission_alike(autograder
     else:
         assert expect in one["output"] and expect in row["extra_data"]["status"] and expect in ag["output"]
         assert one["score"] == ag["score"] == 0 and row["score"] == 0.0
+
+
+def test_results_totals_agree_gpu_tests_are_not_failed_and_leaderboard_names_are_unique():
+    """results.json's score is the sum of its tests' scores as shown (no rounding drift,
+    the same as grades.csv's and the gradebook's part subtotals); a test that needs a GPU
+    this machine lacks is neutral (no status, max_score 0, its worth noted), never
+    "failed"; a perf figure recorded by several cases is listed once per case."""
+    from harness import grading
+    from harness.grading import GradeResult, TestResult
+    third = 10 / 3
+    t = lambda name, part, score, outcome="passed", perf=(): TestResult(
+        name=name, nodeid=name, part=part, max_score=third, score=score, outcome=outcome, perf=list(perf))
+    tests = [t(f"test_x[{i}]", "A", third, perf=[{"name": "speed", "ratio": 1.0 + i}]) for i in range(3)] \
+        + [t("test_gpu", "B", 0.0, outcome="skipped")]
+    res = GradeResult("07", "s", 1, tests, 1.0).to_gradescope()
+    assert res["score"] == round(sum(x["score"] for x in res["tests"]), 4) == sum(grading.part_scores(res).values())
+    gpu = res["tests"][-1]
+    assert "status" not in gpu and gpu["max_score"] == 0 and gpu["extra_data"]["not_run_points"] == round(third, 4)
+    assert [e["name"] for e in res["leaderboard"]] == ["speed [0]", "speed [1]", "speed [2]"]
+    check_results_schema(res)
