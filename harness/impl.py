@@ -11,6 +11,7 @@ signatures.
 """
 from __future__ import annotations
 
+import ast
 import hashlib
 import importlib.util
 import inspect
@@ -133,3 +134,41 @@ def check_api(mod: ModuleType, contract: ModuleType | None, lab: Lab) -> list[st
             fmt = lambda ps: "(" + ", ".join(n if d is inspect.Parameter.empty else f"{n}={d!r}" for n, d in ps) + ")"
             problems.append(f"{name}{fmt(got)} does not match the contract {name}{fmt(want)}")
     return problems
+
+
+# --- is a stub a stub (labs release, labs nbgrader export) ----------------------
+
+def _defs(source: str) -> dict[str, ast.AST]:
+    return {d.name: d for d in ast.parse(source).body
+            if isinstance(d, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))}
+
+
+def _raises_not_implemented(node: ast.AST) -> bool:
+    return any(isinstance(n, ast.Raise) and n.exc is not None and "NotImplementedError" in ast.unparse(n.exc)
+               for n in ast.walk(node))
+
+
+def solved_stub(course: Course, lab: Lab) -> str | None:
+    """Why ``labs/NN/<module>.py`` is not a stub students may get, or None when it is one.
+
+    Every task (``Lab.tasks``: the api names not ``given``) raises
+    ``NotImplementedError`` in the stub, and every ``given`` name is the reference's
+    own definition. So the reference itself, a stub solved by hand, and a stub with
+    one task filled in (by hand or with the reference's text) while the others remain
+    are all refused."""
+    stub_path = course.root / "labs" / lab.number / lab.filename
+    ref_path = course.root / "solutions" / lab.number / lab.filename
+    rel = f"labs/{lab.number}/{lab.filename}"
+    try:
+        stub = _defs(stub_path.read_text())
+        ref = _defs(ref_path.read_text()) if ref_path.is_file() else {}
+    except (OSError, SyntaxError, ValueError) as e:
+        return f"{rel} cannot be checked: {type(e).__name__}: {e}"
+    solved = [n for n in lab.tasks if n in stub and not _raises_not_implemented(stub[n])]
+    if solved:
+        return f"{rel} looks solved: {', '.join(solved)} raise(s) no NotImplementedError (task(s) of labs.yaml's api)"
+    changed = [n for n in lab.given if ref and n in stub   # without a reference: tasks only
+               and (n not in ref or ast.dump(stub[n]) != ast.dump(ref[n]))]
+    if changed:
+        return f"{rel}: given {', '.join(changed)} differ(s) from the reference's definition (labs.yaml given)"
+    return None

@@ -7,7 +7,6 @@ this file: adding lab NN changes no harness code.
 """
 from __future__ import annotations
 
-import ast
 import functools
 import os
 import re
@@ -80,6 +79,8 @@ class Lab(_Strict):
     title: str
     module: str = Field(description="module file name without .py, in labs/NN/ and solutions/NN/")
     api: List[str] = Field(description="public names every implementation must define")
+    given: List[str] = Field([], description="api names the stub gives finished (the reference's own "
+                                              "definition, e.g. lab 05's decoder); every other api name is a task")
     parts: Dict[str, Part]
     perf: Dict[str, PerfThreshold] = {}
     requires: List[str] = Field([], description="optional packages the lab needs, e.g. triton")
@@ -91,6 +92,20 @@ class Lab(_Strict):
         if not v.isidentifier():
             raise ValueError(f"module must be a Python identifier, got {v!r}")
         return v
+
+    @model_validator(mode="after")
+    def _given_in_api(self):
+        extra = [n for n in self.given if n not in self.api]
+        if extra:
+            raise ValueError(f"given names {extra} are not in api {self.api}")
+        if not self.tasks:
+            raise ValueError(f"every api name is given ({self.given}): a lab needs at least one task")
+        return self
+
+    @property
+    def tasks(self) -> list[str]:
+        """The api names students write: every one but the ``given`` ones."""
+        return [n for n in self.api if n not in self.given]
 
     @property
     def points(self) -> float:
@@ -221,43 +236,6 @@ def _load(path: Path, mtime: float) -> Course:
 
 
 # --- the stub check (release, nbgrader export) ---------------------------------
-
-def _defs(source: str) -> dict[str, ast.AST]:
-    return {d.name: d for d in ast.parse(source).body
-            if isinstance(d, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))}
-
-
-def _raises_not_implemented(node: ast.AST) -> bool:
-    return any(isinstance(n, ast.Raise) and n.exc is not None and "NotImplementedError" in ast.unparse(n.exc)
-               for n in ast.walk(node))
-
-
-def solved_stub(course: Course, lab: Lab) -> str | None:
-    """Why ``labs/NN/<module>.py`` is not a stub students may get, or None when it is one.
-
-    Each of the lab's ``api`` names in the stub either raises ``NotImplementedError``
-    (a task) or is the reference's own definition (a finished helper such as lab 05's
-    decoder); at least one is a task. So the reference itself, a stub solved by hand
-    and a stub with one task filled in (differing from the reference, raising nothing)
-    are refused. (A task replaced by the reference's exact definition while other tasks
-    remain is not detected.)"""
-    stub_path = course.root / "labs" / lab.number / lab.filename
-    ref_path = course.root / "solutions" / lab.number / lab.filename
-    rel = f"labs/{lab.number}/{lab.filename}"
-    try:
-        stub = _defs(stub_path.read_text())
-        ref = _defs(ref_path.read_text()) if ref_path.is_file() else {}
-    except (OSError, SyntaxError, ValueError) as e:
-        return f"{rel} cannot be checked: {type(e).__name__}: {e}"
-    tasks = [n for n in lab.api if n in stub and _raises_not_implemented(stub[n])]
-    changed = [n for n in lab.api if ref and n in stub and n not in tasks   # without a reference: tasks only
-               and (n not in ref or ast.dump(stub[n]) != ast.dump(ref[n]))]
-    if changed:
-        return f"{rel} looks solved: {', '.join(changed)} raise(s) no NotImplementedError"
-    if not tasks:
-        return f"{rel} looks solved: none of {', '.join(lab.api)} raises NotImplementedError"
-    return None
-
 
 def load(root: Path | str | None = None) -> Course:
     """Load and validate ``labs.yaml`` from ``root`` (default: ``find_root()``)."""

@@ -60,7 +60,7 @@ import warnings
 from pathlib import Path
 
 
-from . import grading, manifest
+from . import grading, impl as _impl, manifest
 from .manifest import Course, Lab
 from .errors import LabsError
 from .gradebook import assignment_name, module_cell_id, part_cell_id, require_nbgrader  # noqa: F401
@@ -219,7 +219,7 @@ def export_course(course: Course, dest: Path, labs: list[Lab] | None = None) -> 
             continue
         chosen.append(lab)
     for lab in chosen:  # checked before anything is written: a solved stub would be what students get
-        why = manifest.solved_stub(course, lab)
+        why = _impl.solved_stub(course, lab)
         if why:
             raise ExportError(f"nbgrader export refused: {why}")
     dest.mkdir(exist_ok=True)

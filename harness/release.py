@@ -20,7 +20,7 @@ check has passed:
                      notebooks, grade files, archives, staff outputs), no kept file
                      is a copy of a reference module, holds a solution region or
                      the course secret, and every released stub is a stub
-                     (``manifest.solved_stub``);
+                     (``impl.solved_stub``);
 5. ``write``         into a temporary folder next to OUT, moved into place only
                      when complete: a refused or failed release leaves nothing at OUT.
 """
@@ -38,7 +38,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 
-from . import manifest
+from . import impl as _impl, manifest
 from .manifest import Course
 from .errors import LabsError
 
@@ -150,7 +150,7 @@ def check(course: Course, files: dict[str, bytes], released: list[str]) -> None:
     root = course.root
     for lab in (course.labs[n] for n in released):
         if f"labs/{lab.number}/{lab.filename}" in files:
-            why = manifest.solved_stub(course, lab)
+            why = _impl.solved_stub(course, lab)
             if why:
                 raise ReleaseError(f"release refused: {why}",
                                    hint=f"restore the stub (git checkout -- labs/{lab.number}/{lab.filename}, "

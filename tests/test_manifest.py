@@ -1,7 +1,7 @@
 """labs.yaml loading and validation."""
 import pytest
 
-from harness import manifest
+from harness import impl as _impl, manifest
 from harness.manifest import PerfThreshold
 
 from .conftest import ROOT
@@ -83,9 +83,29 @@ def test_a_lab_folder_without_the_named_module_fails_validation(toy_course):
 
 def test_solved_stub_accepts_stubs_and_finished_helpers_and_refuses_solutions(toy_course):
     course = manifest.load(ROOT)
-    assert [manifest.solved_stub(course, lab) for lab in course.labs.values()] == [None] * len(course.labs)
+    assert [_impl.solved_stub(course, lab) for lab in course.labs.values()] == [None] * len(course.labs)
     toy = manifest.load(toy_course)
     lab = toy.lab("07")
-    assert manifest.solved_stub(toy, lab) is None
+    assert _impl.solved_stub(toy, lab) is None
     (toy_course / "labs/07/toy.py").write_text((toy_course / "solutions/07/toy.py").read_text())
-    assert manifest.solved_stub(toy, lab) == "labs/07/toy.py looks solved: none of add raises NotImplementedError"
+    assert _impl.solved_stub(toy, lab) == ("labs/07/toy.py looks solved: add raise(s) no NotImplementedError "
+                                              "(task(s) of labs.yaml's api)")
+
+
+def test_solved_stub_refuses_one_task_replaced_by_the_reference_text_while_others_remain(tmp_path):
+    """Lab 01's ring_all_gather replaced by the reference's own definition, the other
+    two tasks still raising: refused (labs.yaml's api names are tasks unless given)."""
+    import ast
+    import shutil
+    for rel in ("labs.yaml", "labs/01/allreduce.py", "solutions/01/allreduce.py"):
+        (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy(ROOT / rel, tmp_path / rel)
+    course = manifest.load(tmp_path)
+    lab = course.lab("01")
+    assert _impl.solved_stub(course, lab) is None
+    src = lambda path: {n.name: ast.get_source_segment(path.read_text(), n)
+                        for n in ast.parse(path.read_text()).body if isinstance(n, ast.FunctionDef)}
+    stub, ref = tmp_path / "labs/01/allreduce.py", tmp_path / "solutions/01/allreduce.py"
+    stub.write_text(stub.read_text().replace(src(stub)["ring_all_gather"], src(ref)["ring_all_gather"]))
+    assert _impl.solved_stub(course, lab) == ("labs/01/allreduce.py looks solved: ring_all_gather raise(s) no "
+                                                 "NotImplementedError (task(s) of labs.yaml's api)")

@@ -3,7 +3,7 @@
 (a) For each lab in labs.yaml: the handout has the headings of "How a lab reads"; the
     stub, visible tests, reference, graders and mutants are there; the stub's finished
     helpers (top-level functions and classes raising no NotImplementedError, the marker
-    ``manifest.solved_stub`` tells tasks by) are the reference's own source; the
+    ``_impl.solved_stub`` tells tasks by) are the reference's own source; the
     manifest entry names a title, an api the stub and reference define, and parts the
     graders mark.
 (b) ``new_lab`` on a copy of the course: lab 99 is complete by (a), its stub scores 0
@@ -24,7 +24,7 @@ from pathlib import Path
 
 import pytest
 
-from harness import grading, manifest, scaffold
+from harness import grading, impl as _impl, manifest, scaffold
 from harness.errors import LabsError
 from harness.scaffold import ScaffoldError, new_lab
 
@@ -82,7 +82,7 @@ def _source(source: str, node: ast.AST) -> str:
 
 
 def _is_task(node: ast.AST) -> bool:
-    """A student's task: it raises NotImplementedError somewhere (as ``manifest.solved_stub`` reads it)."""
+    """A student's task: it raises NotImplementedError somewhere (as ``_impl.solved_stub`` reads it)."""
     return any(isinstance(n, ast.Raise) and n.exc is not None and "NotImplementedError" in ast.unparse(n.exc)
                for n in ast.walk(node))
 
@@ -130,7 +130,7 @@ def manifest_problems(root: Path, course_: manifest.Course, lab: manifest.Lab) -
     unmarked = [p for p in lab.parts if not re.search(rf"""part\(\s*["']{re.escape(p)}["']""", graders)]
     if unmarked:
         problems.append(f"no grader is marked part({', '.join(map(repr, unmarked))})")
-    why = manifest.solved_stub(course_, lab)
+    why = _impl.solved_stub(course_, lab)
     if why:
         problems.append(why)
     return problems

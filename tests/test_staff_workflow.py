@@ -113,7 +113,7 @@ def test_solved_stub_release_and_nbgrader_export_refuse_and_write_nothing(toy_co
     p = labs(toy_course, "release", str(out))
     assert p.returncode == 2 and "Traceback" not in p.stderr
     assert p.stderr.splitlines()[0] == ("labs: error: release refused: labs/07/toy.py looks solved: "
-                                        "none of add raises NotImplementedError")
+                                        "add raise(s) no NotImplementedError (task(s) of labs.yaml's api)")
     assert "git checkout -- labs/07/toy.py" in p.stderr and "nothing was written" in p.stderr
     nb = tmp_path / "nb"
     p = labs(toy_course, "nbgrader", "export", str(nb))
