@@ -65,7 +65,8 @@ def test_release_leaves_out_solutions_graders_and_staff_tests(released):
     assert 'testpaths = ["labs"]' in (released / "pyproject.toml").read_text()
     assert "nbgrader" not in (released / "pyproject.toml").read_text()
     assert not files & {"harness/classroom.py", "harness/gradescope.py", "harness/nbgrader_export.py",
-                        "harness/release.py", "docs/sandbox.md", "docker/Dockerfile.cpu"}
+                        "harness/release.py", "harness/gradebook.py", "harness/scaffold.py", "harness/cli/staff.py",
+                        "docs/sandbox.md", "docker/Dockerfile.cpu"}
     assert "make demo" not in (released / "README.md").read_text() and "| 04 | Flash Attention |" in \
         (released / "README.md").read_text()
     assert "demo:" not in (released / "Makefile").read_text()
@@ -98,6 +99,19 @@ def test_released_repo_builds_as_a_package(released, tmp_path):
     import zipfile
     names = zipfile.ZipFile(wheel).namelist()
     assert "harness/plugin.py" in names and not any(n.startswith(("solutions/", "graders/")) for n in names)
+
+
+def test_released_cli_has_only_the_student_commands(released):
+    """The student repository's `labs` lists test, grade, list, progress and reset;
+    no staff command (grade-all, gradescope, image, nbgrader, new, release)."""
+    env = {**os.environ, "PYTHONPATH": str(released), "LABS_PROGRESS": "off"}
+    env.pop("LABS_COURSE", None)
+    p = subprocess.run([sys.executable, "-c", "import harness, sys; assert harness.__file__.startswith(sys.argv[1]); "
+                        "from harness.cli import main; main(['--help'])", str(released)],
+                       cwd=released, env=env, capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0, p.stderr[-2000:]
+    listed = {line.split()[0] for line in p.stdout.split("Commands:")[1].splitlines() if line.strip()}
+    assert listed == {"grade", "list", "progress", "reset", "test"}, listed
 
 
 def test_released_toy_lab_runs_its_visible_tests_on_the_stub(toy_course, tmp_path):
