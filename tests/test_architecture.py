@@ -46,3 +46,53 @@ def test_import_contracts_are_kept():
     lint = Path(sys.executable).with_name("lint-imports")
     p = subprocess.run([str(lint)], cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert p.returncode == 0 and "0 broken" in p.stdout, p.stdout[-3000:] + p.stderr[-2000:]
+
+
+def _grader_side_files():
+    """Every hidden grader and every visible test (with their conftest.py): the toolkit's users."""
+    return sorted({*(ROOT / "graders").rglob("*.py"), *(ROOT / "labs").glob("*/test_*.py"),
+                   *(ROOT / "labs").glob("*/conftest.py")})
+
+
+def _harness_imports(path: Path):
+    """(line, module) for each import of a harness module in ``path``, top-level or in a function;
+    ``from harness import x`` counts as ``harness.x``."""
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            for a in node.names:
+                if a.name.split(".")[0] == "harness":
+                    yield node.lineno, a.name
+        elif isinstance(node, ast.ImportFrom) and not node.level and (node.module or "").split(".")[0] == "harness":
+            if node.module == "harness":
+                for a in node.names:
+                    yield node.lineno, f"harness.{a.name}"
+            else:
+                yield node.lineno, node.module
+        elif (isinstance(node, ast.Call) and node.args and isinstance(node.args[0], ast.Constant)
+              and isinstance(node.args[0].value, str) and node.args[0].value.split(".")[0] == "harness"
+              and getattr(node.func, "attr", getattr(node.func, "id", None)) in ("import_module", "__import__")):
+            yield node.lineno, node.args[0].value
+
+
+def test_graders_and_visible_tests_import_only_the_toolkit():
+    """harness/toolkit.py is the one seam between the graders (and visible tests) and the harness:
+    a name they need is re-exported there, so the modules behind it can move without them."""
+    files = _grader_side_files()
+    found = [(p.relative_to(ROOT).as_posix(), line, mod) for p in files for line, mod in _harness_imports(p)]
+    other = [f"{path}:{line}: imports {mod}" for path, line, mod in found if mod != "harness.toolkit"]
+    assert not other, "graders and visible tests import only harness.toolkit (re-export the name there):\n" + \
+        "\n".join(other)
+    assert found, "no grader or visible test imports the toolkit: the walk is wrong"
+
+
+def test_every_visible_test_of_the_course_names_its_part():
+    """`labs progress` reports visible tests by part and `-k part_a` selects by it: every
+    visible test of the course's labs carries a part marker (the plugin checks it names
+    a part of the lab)."""
+    unmarked = []
+    for path in sorted(ROOT.glob("labs/*/test_*.py")):
+        for node in ast.parse(path.read_text()).body:
+            if isinstance(node, ast.FunctionDef) and node.name.startswith("test_") and not any(
+                    "part" in ast.unparse(d) for d in node.decorator_list):
+                unmarked.append(f"{path.relative_to(ROOT)}::{node.name}")
+    assert not unmarked, "add @pytest.mark.part(NAME):\n" + "\n".join(unmarked)

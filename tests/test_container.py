@@ -126,7 +126,7 @@ except PermissionError:
 print("stub", len(open("/opt/course/labs/04/flash_attention.py").read()) > 0)
 import harness.sandbox, harness.impl, harness.alloc
 print("harness ok")
-for name in ("harness.grading", "harness.oracles", "harness.testing"):
+for name in ("harness.grading", "harness.oracles", "harness.testing", "harness.toolkit"):
     try:
         __import__(name); print("IMPORTED", name)
     except (PermissionError, ImportError):

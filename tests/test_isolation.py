@@ -135,7 +135,7 @@ def test_the_worker_facing_harness_is_importable(toy):
 
 def test_grader_side_modules_cannot_be_imported(toy):
     need_namespaces()
-    for name in ("harness.oracles", "harness.testing", "harness.grading", "harness.cli", "harness.plugin"):
+    for name in ("harness.oracles", "harness.testing", "harness.toolkit", "harness.grading", "harness.cli", "harness.plugin"):
         assert not toy.importable(name), f"the worker imports {name}"
 
 

@@ -1,6 +1,6 @@
 """Hidden graders of lab 01, ring all-reduce (lab-contracts.md section 01).
 
-Every case runs on W spawned gloo ranks (harness.distributed.run); the body
+Every case runs on W spawned gloo ranks (run_ranks); the body
 below runs in each rank, builds that rank's input from (seed, rank), calls the
 implementation under a communication counter that forbids every collective,
 and returns what it got. The parent rebuilds all inputs, computes the oracle
@@ -13,9 +13,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from harness import distributed as hd
-from harness.sandbox import timed
-from harness.testing import assert_close, tolerance
+from harness.toolkit import DATA_COLLECTIVES, View, assert_close, run_ranks, timed, tolerance
 
 DT = {"fp32": torch.float32, "fp64": torch.float64, "fp16": torch.float16, "bf16": torch.bfloat16,
       "int32": torch.int32, "int64": torch.int64}
@@ -118,7 +116,7 @@ def body_reduce_scatter(rk, seed, cases, periodic=False):
     out = []
     for n, dtype, op in cases:
         view = rs_input(seed, rk.rank, rk.world_size, n, dtype, periodic)
-        c = rk.call(rk.impl.ring_reduce_scatter, view, op=op, forbid_collectives=hd.DATA_COLLECTIVES)
+        c = rk.call(rk.impl.ring_reduce_scatter, view, op=op, forbid_collectives=DATA_COLLECTIVES)
         out.append({"got": c.out, "unchanged": bool(torch.equal(c.args[0], view)), "comm": c.comm})
     return out
 
@@ -129,7 +127,7 @@ def body_all_gather(rk, seed, cases):
         c = ceil_div(numel, rk.world_size)
         full, _ = make_input(seed, 0, (max(rk.world_size * c, 1),), dtype)
         chunk = full[rk.rank * c:(rk.rank + 1) * c].clone()
-        call = rk.call(rk.impl.ring_all_gather, chunk, numel, forbid_collectives=hd.DATA_COLLECTIVES)
+        call = rk.call(rk.impl.ring_all_gather, chunk, numel, forbid_collectives=DATA_COLLECTIVES)
         out.append({"got": call.out, "comm": call.comm})
     return out
 
@@ -138,7 +136,7 @@ def body_all_reduce(rk, seed, cases):
     out = []
     for shape, dtype, layout, op in cases:
         base, view = make_input(seed, rk.rank, shape, dtype, layout)
-        c = rk.call(rk.impl.ring_all_reduce, hd.View(base, view), op=op, forbid_collectives=hd.DATA_COLLECTIVES)
+        c = rk.call(rk.impl.ring_all_reduce, View(base, view), op=op, forbid_collectives=DATA_COLLECTIVES)
         out.append({"base": c.args[0], "same": c.same[0], "comm": c.comm})
     return out
 
@@ -157,7 +155,7 @@ def body_errors(rk, calls):
 
 def body_rounding(rk, seed, n, dtype):
     vals = rounding_inputs(seed, rk.world_size, n, dtype)[rk.rank]
-    c = rk.call(rk.impl.ring_all_reduce, vals.clone(), forbid_collectives=hd.DATA_COLLECTIVES)
+    c = rk.call(rk.impl.ring_all_reduce, vals.clone(), forbid_collectives=DATA_COLLECTIVES)
     return {"got": c.args[0], "comm": c.comm}
 
 
@@ -165,7 +163,7 @@ def body_subgroups(rk, seed, n):
     groups = rk.new_groups([[0, 2], [1, 3]])
     mine = groups[rk.rank % 2]
     _, t = make_input(seed, rk.rank, (n,), "fp32")
-    c = rk.call(rk.impl.ring_all_reduce, t, op="sum", group=mine, forbid_collectives=hd.DATA_COLLECTIVES)
+    c = rk.call(rk.impl.ring_all_reduce, t, op="sum", group=mine, forbid_collectives=DATA_COLLECTIVES)
     return {"got": c.args[0], "comm": c.comm}
 
 
@@ -244,7 +242,7 @@ def chunk_held(got, want, r, c, n, W):
 def test_reduce_scatter_returns_reduced_chunk_of_rank(W, impl, seed):
     sizes = sorted({1, max(W - 1, 1), W + 1, 5 * W + 2, 29})
     cases = [(n, "fp32", "sum") for n in sizes]
-    res = hd.run(body_reduce_scatter, W, seed, cases, impl=impl, timeout=SMALL_T)
+    res = run_ranks(body_reduce_scatter, W, seed, cases, impl=impl, timeout=SMALL_T)
     wants = []  # per case: the reduction over ranks, zero-padded to W chunks
     for n, dtype, op in cases:
         want = oracle([make_input(seed, r, (n,), dtype)[1] for r in range(W)], op)
@@ -278,7 +276,7 @@ def test_reduce_scatter_returns_reduced_chunk_of_rank(W, impl, seed):
 def test_reduce_scatter_max_avg_and_dtypes(W, impl, seed):
     cases = [(12, "fp32", "max"), (12, "fp32", "avg"), (6, "int64", "sum"), (18, "int32", "max"),
              (24, "bf16", "sum"), (6, "fp64", "avg")]  # W | N: periodic inputs
-    res = hd.run(body_reduce_scatter, W, seed, cases, periodic=True, impl=impl, timeout=SMALL_T)
+    res = run_ranks(body_reduce_scatter, W, seed, cases, periodic=True, impl=impl, timeout=SMALL_T)
     for i, (n, dtype, op) in enumerate(cases):
         c = ceil_div(n, W)
         want = oracle([rs_input(seed, r, W, n, dtype, periodic=True) for r in range(W)], op)
@@ -297,7 +295,7 @@ def test_reduce_scatter_max_avg_and_dtypes(W, impl, seed):
 def test_reduce_scatter_leaves_input_unchanged_and_is_bandwidth_optimal(impl, seed):
     W = 4
     cases = [(1000, "fp32", "sum"), (996, "fp16", "sum"), (4, "int64", "sum")]  # W | N: periodic inputs
-    res = hd.run(body_reduce_scatter, W, seed, cases, periodic=True, impl=impl, timeout=SMALL_T)
+    res = run_ranks(body_reduce_scatter, W, seed, cases, periodic=True, impl=impl, timeout=SMALL_T)
     for i, (n, dtype, op) in enumerate(cases):
         c = ceil_div(n, W)
         bound = (W - 1) * c * max(DT[dtype].itemsize, 4)
@@ -320,7 +318,7 @@ def test_reduce_scatter_leaves_input_unchanged_and_is_bandwidth_optimal(impl, se
 def test_reduce_scatter_rejects_bad_op_and_avg_on_integers(impl):
     calls = [("ring_reduce_scatter", {"op": "mean"}, 6, "fp32"),
              ("ring_reduce_scatter", {"op": "avg"}, 6, "int32")]
-    res = hd.run(body_errors, 2, calls, impl=impl, timeout=SMALL_T)
+    res = run_ranks(body_errors, 2, calls, impl=impl, timeout=SMALL_T)
     for r in range(2):
         assert res[r][0] == "ValueError", f"op='mean' must raise ValueError (rank {r}): got {res[r][0]}"
         assert res[r][1] == "TypeError", f"op='avg' on int32 must raise TypeError (rank {r}): got {res[r][1]}"
@@ -334,7 +332,7 @@ def test_reduce_scatter_rejects_bad_op_and_avg_on_integers(impl):
 def test_all_gather_concatenates_chunks_in_rank_order(W, impl, seed):
     cases = [(n, dt) for n in sorted({0, 1, max(W - 1, 1), 4 * W + 3}) for dt in ("fp32", "int64")]
     cases.append((W * 3 + 1, "fp16"))
-    res = hd.run(body_all_gather, W, seed, cases, impl=impl, timeout=SMALL_T)
+    res = run_ranks(body_all_gather, W, seed, cases, impl=impl, timeout=SMALL_T)
     for i, (numel, dtype) in enumerate(cases):
         c = ceil_div(numel, W)
         full, _ = make_input(seed, 0, (max(W * c, 1),), dtype)
@@ -354,7 +352,7 @@ def test_all_gather_concatenates_chunks_in_rank_order(W, impl, seed):
 def test_all_gather_is_bandwidth_optimal(impl, seed):
     W = 3
     cases = [(1000, "fp32"), (1000, "fp16"), (998, "int64")]
-    res = hd.run(body_all_gather, W, seed, cases, impl=impl, timeout=SMALL_T)
+    res = run_ranks(body_all_gather, W, seed, cases, impl=impl, timeout=SMALL_T)
     for i, (numel, dtype) in enumerate(cases):
         c = ceil_div(numel, W)
         bound = (W - 1) * c * max(DT[dtype].itemsize, 4)
@@ -377,7 +375,7 @@ def body_all_gather_bad(rk, numel, length):
 
 @pytest.mark.part("B")
 def test_all_gather_rejects_chunk_of_wrong_length(impl):
-    res = hd.run(body_all_gather_bad, 3, 10, 3, impl=impl, timeout=SMALL_T)  # needs ceil(10/3) = 4
+    res = run_ranks(body_all_gather_bad, 3, 10, 3, impl=impl, timeout=SMALL_T)  # needs ceil(10/3) = 4
     for r, got in enumerate(res):
         assert got == "ValueError", (f"a chunk of 3 elements for numel=10, W=3 (needs 4) must raise ValueError "
                                      f"(rank {r}): got {got}")
@@ -422,7 +420,7 @@ def _check_all_reduce(res, seed, W, cases, what="all-reduce result is wrong"):
 def test_all_reduce_sum_any_size(W, impl, seed):
     sizes = sorted({0, 1, max(W - 1, 1), W + 1, 7 * W + 3})
     cases = [((n,), "fp32", "contiguous", "sum") for n in sizes]
-    res = hd.run(body_all_reduce, W, seed, cases, impl=impl, timeout=SMALL_T)
+    res = run_ranks(body_all_reduce, W, seed, cases, impl=impl, timeout=SMALL_T)
     _check_all_reduce(res, seed, W, cases, what="all-reduce sum is wrong")
 
 
@@ -431,7 +429,7 @@ def test_all_reduce_sum_any_size(W, impl, seed):
 def test_all_reduce_strided_views_in_place(layout, impl, seed):
     W = 3
     cases = [((5, 7), "fp32", layout, "sum"), ((3, 2), "int64", layout, "sum"), ((1, 4), "fp16", layout, "sum")]
-    res = hd.run(body_all_reduce, W, seed, cases, impl=impl, timeout=SMALL_T)
+    res = run_ranks(body_all_reduce, W, seed, cases, impl=impl, timeout=SMALL_T)
     _check_all_reduce(res, seed, W, cases, what=f"all-reduce of a {layout} view is wrong (the result must land in "
                                                 "the caller's view, whatever its strides)")
 
@@ -441,7 +439,7 @@ def test_all_reduce_strided_views_in_place(layout, impl, seed):
 def test_all_reduce_every_dtype(dtype, impl, seed):
     W = 3
     cases = [((17,), dtype, "contiguous", "sum"), ((2, 5), dtype, "contiguous", "sum")]  # max: its own test
-    res = hd.run(body_all_reduce, W, seed, cases, impl=impl, timeout=SMALL_T)
+    res = run_ranks(body_all_reduce, W, seed, cases, impl=impl, timeout=SMALL_T)
     for r in range(W):
         got = res[r][0]["base"]
         if got.dtype != DT[dtype]:
@@ -455,7 +453,7 @@ def test_all_reduce_avg_and_max(W, impl, seed):
     cases = [((13,), "fp32", "contiguous", "avg"), ((3, 3), "fp64", "contiguous", "avg"),
              ((6,), "bf16", "contiguous", "avg"), ((11,), "fp32", "contiguous", "max"),
              ((5,), "int32", "contiguous", "max"), ((2, 4), "fp16", "contiguous", "max")]
-    res = hd.run(body_all_reduce, W, seed, cases, impl=impl, timeout=SMALL_T)
+    res = run_ranks(body_all_reduce, W, seed, cases, impl=impl, timeout=SMALL_T)
     _check_all_reduce(res, seed, W, cases, what="all-reduce with this op is wrong ('avg': the sum divided by W once; "
                                                 "'max': the elementwise maximum over ranks)")
 
@@ -464,7 +462,7 @@ def test_all_reduce_avg_and_max(W, impl, seed):
 def test_all_reduce_rejects_bad_op_and_avg_on_integers(impl):
     calls = [("ring_all_reduce", {"op": "min"}, 5, "fp32"), ("ring_all_reduce", {"op": "avg"}, 5, "int64"),
              ("ring_all_reduce", {"op": "SUM"}, 5, "int32")]
-    res = hd.run(body_errors, 2, calls, impl=impl, timeout=SMALL_T)
+    res = run_ranks(body_errors, 2, calls, impl=impl, timeout=SMALL_T)
     for r in range(2):
         assert res[r][0] == "ValueError", f"op='min' must raise ValueError (rank {r}): got {res[r][0]}"
         assert res[r][1] == "TypeError", f"op='avg' on int64 must raise TypeError (rank {r}): got {res[r][1]}"
@@ -477,7 +475,7 @@ def test_all_reduce_rejects_bad_op_and_avg_on_integers(impl):
 @pytest.mark.parametrize("W", [2, 3, 4], ids=lambda w: f"W{w}")
 def test_half_precision_accumulates_in_fp32_and_rounds_once(W, dtype, impl, seed):
     n = 3001
-    res = hd.run(body_rounding, W, seed, n, dtype, impl=impl, timeout=SMALL_T)
+    res = run_ranks(body_rounding, W, seed, n, dtype, impl=impl, timeout=SMALL_T)
     xs = rounding_inputs(seed, W, n, dtype)
     exact = torch.stack([x.to(torch.float64) for x in xs]).sum(0)
     assert torch.equal(exact.to(torch.float32).to(torch.float64), exact)  # the inputs' promise
@@ -505,7 +503,7 @@ def test_all_reduce_bytes_per_rank_within_ring_bound(W, impl, seed):
              ((1002,), "bf16", "contiguous", "sum"), ((1001,), "fp16", "contiguous", "sum")]
     if W == 2:
         cases.append(((1_500_007,), "fp32", "contiguous", "sum"))
-    res = hd.run(body_all_reduce, W, seed, cases, impl=impl, timeout=LARGE_T if W == 2 else SMALL_T)
+    res = run_ranks(body_all_reduce, W, seed, cases, impl=impl, timeout=LARGE_T if W == 2 else SMALL_T)
     _check_all_reduce(res, seed, W, cases,
                       what="all-reduce result is wrong (the byte bound counts only when it is right)")
     bounds = [2 * (W - 1) * ceil_div(shape[0], W) * max(DT[dtype].itemsize, 4) for shape, dtype, _, _ in cases]
@@ -524,7 +522,7 @@ def test_all_reduce_bytes_per_rank_within_ring_bound(W, impl, seed):
 @pytest.mark.part("C")
 def test_all_reduce_honours_group(impl, seed):
     n = 23
-    res = hd.run(body_subgroups, 4, seed, n, impl=impl, timeout=SMALL_T)
+    res = run_ranks(body_subgroups, 4, seed, n, impl=impl, timeout=SMALL_T)
     for r in range(4):
         members = [0, 2] if r % 2 == 0 else [1, 3]
         want = oracle([make_input(seed, m, (n,), "fp32")[1] for m in members], "sum")
@@ -540,7 +538,7 @@ def test_all_reduce_honours_group(impl, seed):
 def test_large_tensor_completes_without_deadlock(W, impl, seed):
     n = 1_500_007  # 6 MB of float32: blocking sends between neighbours would wait forever
     cases = [((n,), "fp32", "contiguous", "sum")]
-    res = hd.run(body_all_reduce, W, seed, cases, impl=impl, timeout=LARGE_T)
+    res = run_ranks(body_all_reduce, W, seed, cases, impl=impl, timeout=LARGE_T)
     # values only: the bytes it sends are graded in test_all_reduce_bytes_per_rank_within_ring_bound
     _check_all_reduce(res, seed, W, cases, what="large all-reduce is wrong")
 
@@ -552,7 +550,7 @@ def test_large_tensor_completes_without_deadlock(W, impl, seed):
 def test_cpu_time_vs_gloo_all_reduce(impl, seed, record_perf):
     """Informational on CPU: the ring's time over gloo's all_reduce, same run, interleaved."""
     W, n = 2, 1 << 18
-    res = hd.run(body_cpu_perf, W, seed, n, 10, impl=impl, timeout=LARGE_T)
+    res = run_ranks(body_cpu_perf, W, seed, n, 10, impl=impl, timeout=LARGE_T)
     ring = max(r["ring"] for r in res)
     gloo = max(r["gloo"] for r in res)
     record_perf("allreduce_time_vs_gloo_cpu", ring / gloo, ring_ms=ring * 1e3, gloo_ms=gloo * 1e3, W=W, N=n)
@@ -567,7 +565,7 @@ def test_busbw_vs_nccl(impl, seed, record_perf):
     if W < 2:
         pytest.skip("needs at least 2 CUDA GPUs for an NCCL ring")
     n = 16 * 2**20  # 64 MiB of float32
-    res = hd.run(body_gpu_perf, W, seed, n, impl=impl, timeout=300, device="cuda")
+    res = run_ranks(body_gpu_perf, W, seed, n, impl=impl, timeout=300, device="cuda")
     t_student = max(r["student"] for r in res)
     t_nccl = max(r["nccl"] for r in res)
     nbytes = 4 * n

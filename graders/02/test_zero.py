@@ -1,6 +1,6 @@
 """Hidden graders of lab 02, ZeRO-1 sharded AdamW (lab-contracts.md section 02).
 
-Each case runs ZeroAdamW on W spawned gloo ranks (harness.distributed.run) for
+Each case runs ZeroAdamW on W spawned gloo ranks (run_ranks) for
 a few steps, every rank feeding its own gradients; the parent replays the same
 steps with single-process torch.optim.AdamW fed the averaged gradients (and
 torch.nn.utils.clip_grad_norm_ when clipping) and compares the parameters after
@@ -22,8 +22,7 @@ import math
 import pytest
 import torch
 
-from harness import distributed as hd
-from harness.testing import MiB, assert_close
+from harness.toolkit import MiB, RankError, RankTimeout, assert_close, run_ranks
 
 T = 60.0
 ATOL, RTOL = 1e-6, 1e-5
@@ -204,9 +203,9 @@ def run_case(W, impl, seed, groups, *, steps=3, kwargs=None, none=None, subgroup
     ``group``), checked against the AdamW replay of each group."""
     kwargs, none = kwargs or {}, none or {}
     try:
-        res = hd.run(body_train, W, seed, groups, steps, kwargs, none, world_group=subgroups, norm=check_norm,
-                     impl=impl, timeout=T)
-    except (hd.RankError, hd.RankTimeout) as e:  # a rank raised or hung: name the case it ran
+        res = run_ranks(body_train, W, seed, groups, steps, kwargs, none, world_group=subgroups, norm=check_norm,
+                        impl=impl, timeout=T)
+    except (RankError, RankTimeout) as e:  # a rank raised or hung: name the case it ran
         raise type(e)(f"{case}: {e}") from None
     for members in subgroups or [list(range(W))]:
         replay = functools.partial(reference, seed, groups, steps, kwargs, none, len(members),
@@ -406,7 +405,7 @@ def test_optimizer_state_is_sharded(W, rows, impl, seed):
     big = [([(1000, rows), (7_001,)], {}), ([(999,)], {})]  # N = 3M (W=2), 1.5M (W=4)
     N = _n(big)
     steps, kwargs = 2, {"lr": 1e-3}  # default eps: the gradients' average is exact, so no update hangs on it
-    res = hd.run(body_memory, W, seed, small, big, steps, kwargs, impl=impl, timeout=T)
+    res = run_ranks(body_memory, W, seed, small, big, steps, kwargs, impl=impl, timeout=T)
     for i, groups in enumerate((small, big)):
         replay = functools.partial(reference, seed + i, groups, steps, kwargs, {}, W)
         check_case([r[i] for r in res], replay, what="wrong parameters (graded before the memory)",
@@ -439,7 +438,7 @@ def test_communication_volume_per_step(impl, seed, record_perf):
     W = 2
     groups = [([(40, 25)], {})]
     N = _n(groups)
-    res = hd.run(body_train, W, seed, groups, 2, {"lr": 1e-3}, {}, impl=impl, timeout=T)
+    res = run_ranks(body_train, W, seed, groups, 2, {"lr": 1e-3}, {}, impl=impl, timeout=T)
     rep = res[0]["steps"][-1]["comm"]
     elems = rep["collective_elems"] + rep["sent_elems"]
     record_perf("zero_comm_elems_vs_2N", elems / (2 * N), elements=elems, N=N, W=W,

@@ -13,10 +13,8 @@ import math
 import pytest
 import torch
 
-from harness.oracles import attention
-from harness.bench import geomean
-from harness.sandbox import gradcheck, is_instance, param_grads, timed, vjp
-from harness.testing import MiB, assert_close, expect_raises, assert_memory, call_id, checked, measure_checked, randn, tolerance
+from harness.toolkit import (MiB, assert_close, assert_memory, attention, call_id, checked, expect_raises, geomean,
+                             gradcheck, is_instance, measure_checked, param_grads, randn, timed, tolerance, vjp)
 
 SDPA = "torch.nn.functional.scaled_dot_product_attention"
 

@@ -20,9 +20,8 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from harness.oracles import attention, causal_mask
-from harness.sandbox import measure, restart
-from harness.testing import DTYPES, assert_close, checked, expect_raises, randn, tolerance
+from harness.toolkit import (DTYPES, assert_close, attention, causal_mask, checked, expect_raises, measure, randn,
+                             restart, tolerance)
 
 SDPA = "torch.nn.functional.scaled_dot_product_attention"
 # ATen ops (overload names, any in-place "_" dropped) of attention math: a Part B call runs

@@ -9,9 +9,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from harness.testing import DTYPES, MiB, assert_memory, measure_checked
-from harness.bench import geomean
-from harness.sandbox import timed
+from harness.toolkit import DTYPES, MiB, assert_memory, geomean, measure_checked, timed
 
 pytestmark = pytest.mark.part("A")
 

@@ -23,9 +23,7 @@ import re
 import pytest
 import torch
 
-from harness.sandbox import source, timed
-from harness.bench import attention_flops, geomean
-from harness.testing import DTYPES, tolerance
+from harness.toolkit import DTYPES, attention_flops, geomean, source, timed, tolerance
 
 pytestmark = pytest.mark.part("B")
 

@@ -10,9 +10,8 @@ import math
 import pytest
 import torch
 
-from harness.sandbox import saved_tensors, vjp
-from harness.oracles import attention
-from harness.testing import DTYPES, MiB, assert_close, assert_memory, checked, randn, tolerance
+from harness.toolkit import (DTYPES, MiB, assert_close, assert_memory, attention, checked, randn, saved_tensors,
+                             tolerance, vjp)
 
 pytestmark = pytest.mark.part("C")
 

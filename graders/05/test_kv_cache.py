@@ -15,9 +15,8 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-from harness.sandbox import (SandboxError, call_views, fill_held, held_bytes, held_storages, is_remote, measure,
-                             timed, watch_storages)
-from harness.testing import DTYPES, assert_close, checked, devices, expect_raises
+from harness.toolkit import (DTYPES, SandboxError, assert_close, call_views, checked, devices, expect_raises,
+                             fill_held, held_bytes, held_storages, is_remote, measure, timed, watch_storages)
 
 # Tiny decoder: head_dim 8, GQA group 3, vocab off any power of two.
 CFG = dict(vocab_size=101, d_model=48, n_layers=2, n_heads=6, n_kv_heads=2, max_seq_len=300, ffn_hidden=80)

@@ -12,8 +12,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from harness.sandbox import held_bytes, held_storages
-from harness.testing import checked, expect_raises
+from harness.toolkit import checked, expect_raises, held_bytes, held_storages
 
 N_LAYERS, HKV, D = 2, 2, 6
 NO_STORAGE = ("found no tensor storage in the PagedKVCache (searched its attributes, lists, tuples, dicts, helper "

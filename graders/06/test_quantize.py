@@ -18,8 +18,8 @@ import math
 import pytest
 import torch
 
-from harness.sandbox import held_storages, is_remote, resident_bytes
-from harness.testing import MiB, assert_close, expect_raises, checked, measure_checked, randn
+from harness.toolkit import (MiB, assert_close, checked, expect_raises, held_storages, is_remote, measure_checked,
+                             randn, resident_bytes)
 
 
 def _gsize(in_f, group_size):

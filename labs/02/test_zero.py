@@ -1,13 +1,13 @@
 """Visible tests of lab 02 (a subset of what the hidden graders check).
 
-Each test runs ZeroAdamW on W gloo ranks through harness.distributed.run (the
+Each test runs ZeroAdamW on W gloo ranks through run_ranks (the
 `body_*` functions drive one rank each: `rk.keep(t)` puts a tensor on that rank, and
 `rk.impl.ZeroAdamW(...)` builds your optimizer there) and compares with torch.optim.AdamW fed the averaged gradients. Run: pytest labs/02
 """
 import pytest
 import torch
 
-from harness import distributed as hd
+from harness.toolkit import run_ranks
 
 SHAPES = [(3, 4), (5,)]  # N = 17
 
@@ -50,9 +50,10 @@ def reference(W, steps, kwargs):
 
 
 @pytest.mark.parametrize("W", [1, 2, 3])
+@pytest.mark.part("A")
 def test_step_matches_adamw(W, impl):
     kwargs = {"lr": 1e-2, "weight_decay": 0.1}
-    res = hd.run(body_train, W, 3, kwargs, impl=impl, timeout=60)
+    res = run_ranks(body_train, W, 3, kwargs, impl=impl, timeout=60)
     want, _ = reference(W, 3, kwargs)
     for r in range(W):
         for got, exp in zip(res[r]["params"], want):
@@ -60,9 +61,10 @@ def test_step_matches_adamw(W, impl):
                                        msg=lambda m: f"rank {r} differs from torch.optim.AdamW\n{m}")
 
 
+@pytest.mark.part("B")
 def test_grad_norm_and_clipping(impl):
     W, kwargs = 2, {"lr": 1e-2, "max_grad_norm": 0.3}
-    res = hd.run(body_train, W, 2, kwargs, norm=True, impl=impl, timeout=60)
+    res = run_ranks(body_train, W, 2, kwargs, norm=True, impl=impl, timeout=60)
     want, norms = reference(W, 2, kwargs)
     for r in range(W):
         for step, n in enumerate(norms):
@@ -80,9 +82,10 @@ def body_memory(rk, n):
     return rk.reachable_bytes(opt, exclude=[p])["total"]
 
 
+@pytest.mark.part("C")
 def test_memory_state_is_sharded(impl):
     W, n = 2, 20_000
-    res = hd.run(body_memory, W, n, impl=impl, timeout=60)
+    res = run_ranks(body_memory, W, n, impl=impl, timeout=60)
     for r, total in enumerate(res):
         assert total <= 12 * (n // W) + 64 * 1024, (f"rank {r} keeps {total} bytes of state in opt.state; "
                                                      f"keep exp_avg/exp_avg_sq for your {n // W} elements only")

@@ -6,9 +6,7 @@ Run: pytest labs/03            (all)
 import torch
 import pytest
 
-from harness.alloc import AllocationTracker
-from harness.oracles import attention
-from harness.testing import assert_close
+from harness.toolkit import AllocationTracker, assert_close, attention
 
 
 def _qkv(B, Hq, Hkv, Lq, Lk, D, seed=0):
@@ -18,6 +16,7 @@ def _qkv(B, Hq, Hkv, Lq, Lk, D, seed=0):
 
 
 @pytest.mark.parametrize("Hq,Hkv", [(4, 2), (4, 1), (4, 4)], ids=["GQA", "MQA", "MHA"])
+@pytest.mark.part("A")
 def test_matches_naive_attention(impl, Hq, Hkv):
     q, k, v = _qkv(2, Hq, Hkv, 4, 4, 8)
     out = impl.grouped_query_attention(q, k, v)
@@ -26,6 +25,7 @@ def test_matches_naive_attention(impl, Hq, Hkv):
                  case=f"B2-Hq{Hq}-Hkv{Hkv}-L4-D8")
 
 
+@pytest.mark.part("A")
 def test_adjacent_query_heads_share_a_kv_head(impl):
     # q = k = 0: uniform weights, so each query head returns its KV head's (constant) value
     v = torch.tensor([1.0, 2.0]).view(1, 2, 1, 1).expand(1, 2, 3, 2).contiguous()
@@ -35,6 +35,7 @@ def test_adjacent_query_heads_share_a_kv_head(impl):
         f"query head h must use KV head h // (Hq // Hkv): expected [1, 1, 2, 2], got {got}"
 
 
+@pytest.mark.part("A")
 def test_causal_with_more_keys_is_bottom_right(impl):
     q, k, v = _qkv(1, 2, 1, 2, 5, 4, seed=1)
     out = impl.grouped_query_attention(q, k, v, is_causal=True)
@@ -43,6 +44,7 @@ def test_causal_with_more_keys_is_bottom_right(impl):
                  "(query i sees keys j <= i + Lk - Lq)", case="Lq=2, Lk=5")
 
 
+@pytest.mark.part("A")
 def test_fully_masked_query_gives_zeros(impl):
     q, k, v = _qkv(1, 2, 1, 3, 1, 4, seed=2)
     out = impl.grouped_query_attention(q, k, v, is_causal=True)
@@ -50,12 +52,14 @@ def test_fully_masked_query_gives_zeros(impl):
     assert torch.equal(out[:, :, :2], torch.zeros_like(out[:, :, :2])), "fully masked rows must be exact zeros"
 
 
+@pytest.mark.part("A")
 def test_indivisible_heads_raise(impl):
     q, k, v = _qkv(1, 3, 2, 2, 2, 4)
     with pytest.raises(ValueError):
         impl.grouped_query_attention(q, k, v)
 
 
+@pytest.mark.part("C")
 def test_decode_does_not_repeat_kv(impl):
     q, k, v = _qkv(1, 8, 2, 1, 256, 16, seed=3)
     with torch.no_grad(), AllocationTracker() as t:
@@ -65,6 +69,7 @@ def test_decode_does_not_repeat_kv(impl):
                                   f"{limit}: K/V must not be repeated to Hq heads")
 
 
+@pytest.mark.part("B")
 def test_module_projection_shapes(impl):
     m = impl.GroupedQueryAttention(32, 8, 2)
     assert m.q_proj.weight.shape == (32, 32) and m.o_proj.weight.shape == (32, 32)
@@ -73,6 +78,7 @@ def test_module_projection_shapes(impl):
     assert m.q_proj.bias is None, "bias=False by default"
 
 
+@pytest.mark.part("B")
 def test_module_forward_shape_and_grads(impl):
     torch.manual_seed(0)
     m = impl.GroupedQueryAttention(16, 4, 2, bias=True)

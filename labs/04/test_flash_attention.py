@@ -12,9 +12,7 @@ import re
 import pytest
 import torch
 
-from harness.alloc import AllocationTracker
-from harness.oracles import attention
-from harness.testing import assert_close, randn, tolerance
+from harness.toolkit import AllocationTracker, assert_close, attention, randn, tolerance
 
 # (B, H, Lq, Lk, D, causal): a length off the block size, and Lq != Lk causal
 SHAPES = [(1, 2, 8, 8, 16, False), (2, 1, 40, 40, 32, True), (1, 1, 12, 30, 64, True), (1, 1, 30, 12, 16, True)]
@@ -44,12 +42,14 @@ def _check(res, q, k, v, causal, case):
 # --- Part A ---
 
 @pytest.mark.parametrize("shape", SHAPES, ids=_ids)
+@pytest.mark.part("A")
 def test_part_a_matches_naive_attention(impl, shape):
     B, H, Lq, Lk, D, causal = shape
     q, k, v = _qkv(B, H, Lq, Lk, D)
     _check(impl.flash_attention_torch(q, k, v, is_causal=causal, block_q=16, block_k=16), q, k, v, causal, _ids(shape))
 
 
+@pytest.mark.part("A")
 def test_part_a_fully_masked_rows(impl):
     q, k, v = _qkv(1, 1, 10, 4, 16)  # causal, Lq > Lk: queries 0..5 see no key
     out, lse = impl.flash_attention_torch(q, k, v, is_causal=True)
@@ -58,6 +58,7 @@ def test_part_a_fully_masked_rows(impl):
     assert torch.isneginf(lse[:, :, :6]).all(), "lse of fully masked rows must be -inf"
 
 
+@pytest.mark.part("A")
 def test_part_a_allocation_bound(impl):
     B, H, Lq, Lk, D = 1, 1, 200, 200, 16
     q, k, v = _qkv(B, H, Lq, Lk, D)
@@ -68,6 +69,7 @@ def test_part_a_allocation_bound(impl):
                                   "keep one (block_q, block_k) tile of scores")
 
 
+@pytest.mark.part("A")
 def test_part_a_bad_dtype_raises(impl):
     q, k, v = _qkv(1, 1, 4, 4, 16)
     try:
@@ -82,12 +84,14 @@ def test_part_a_bad_dtype_raises(impl):
 # --- Part B ---
 
 @pytest.mark.parametrize("shape", SHAPES, ids=_ids)
+@pytest.mark.part("B")
 def test_part_b_matches_naive_attention(impl, shape):
     B, H, Lq, Lk, D, causal = shape
     q, k, v = _qkv(B, H, Lq, Lk, D, seed=1)
     _check(impl.flash_attention_triton(q, k, v, is_causal=causal), q, k, v, causal, _ids(shape))
 
 
+@pytest.mark.part("B")
 def test_part_b_float16_noncontiguous(impl):
     g = torch.Generator().manual_seed(2)
     q = randn((1, 2, 20, 32), g, dtype=torch.float16, layout="strided")
@@ -99,6 +103,7 @@ def test_part_b_float16_noncontiguous(impl):
 # --- Part C ---
 
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.part("C")
 def test_part_c_gradients(impl, causal):
     q, k, v = (t.requires_grad_() for t in _qkv(1, 2, 24, 40, 16, seed=3))
     dout = torch.randn(1, 2, 24, 16, generator=torch.Generator().manual_seed(4))

@@ -10,7 +10,7 @@ import pytest
 import torch
 from torch.utils.flop_counter import FlopCounterMode
 
-from harness.testing import assert_close
+from harness.toolkit import assert_close
 
 CFG = dict(vocab_size=64, d_model=32, n_layers=2, n_heads=4, n_kv_heads=2, max_seq_len=128, ffn_hidden=64)
 
@@ -31,6 +31,7 @@ def new_cache(impl, B, S):
 
 # --- Part A: KVCache -------------------------------------------------------------------
 
+@pytest.mark.part("A")
 def test_nbytes_is_the_storage_formula(impl):
     cache = impl.KVCache(2, 3, 10, 2, 4, dtype=torch.float16)
     assert cache.nbytes == 2 * 2 * 3 * 2 * 10 * 4 * 2, \
@@ -38,6 +39,7 @@ def test_nbytes_is_the_storage_formula(impl):
     assert cache.seq_len == 0
 
 
+@pytest.mark.part("A")
 def test_update_appends_and_returns_the_prefix(impl):
     torch.manual_seed(1)
     cache = impl.KVCache(1, 2, 8, 2, 4)
@@ -50,6 +52,7 @@ def test_update_appends_and_returns_the_prefix(impl):
     assert cache.seq_len == 5
 
 
+@pytest.mark.part("A")
 def test_seq_len_advances_after_the_last_layer(impl):
     cache = impl.KVCache(2, 1, 8, 1, 2)
     k = torch.ones(1, 1, 3, 2)
@@ -61,6 +64,7 @@ def test_seq_len_advances_after_the_last_layer(impl):
     assert cache.seq_len == 0, "reset() must empty the cache"
 
 
+@pytest.mark.part("A")
 def test_overflow_raises_value_error_naming_max_seq_len(impl):
     cache = impl.KVCache(1, 1, 4, 1, 2)
     cache.update(0, torch.zeros(1, 1, 3, 2), torch.zeros(1, 1, 3, 2))
@@ -70,6 +74,7 @@ def test_overflow_raises_value_error_naming_max_seq_len(impl):
     assert cache.seq_len == 4
 
 
+@pytest.mark.part("A")
 def test_wrong_dtype_raises_type_error(impl):
     cache = impl.KVCache(1, 1, 4, 1, 2)
     with pytest.raises(TypeError):
@@ -78,6 +83,7 @@ def test_wrong_dtype_raises_type_error(impl):
 
 # --- Part A: the model with the cache -----------------------------------------------------
 
+@pytest.mark.part("A")
 def test_cached_decode_equals_uncached(impl):
     model = make_model(impl)
     ids = torch.randint(0, CFG["vocab_size"], (2, 10), generator=torch.Generator().manual_seed(2))
@@ -93,6 +99,7 @@ def test_cached_decode_equals_uncached(impl):
                           "cache.seq_len; slice the stored prefix)", case=f"position {6 + i}")
 
 
+@pytest.mark.part("A")
 def test_multi_token_append_equals_uncached(impl):
     model = make_model(impl)
     ids = torch.randint(0, CFG["vocab_size"], (1, 9), generator=torch.Generator().manual_seed(3))
@@ -106,6 +113,7 @@ def test_multi_token_append_equals_uncached(impl):
                       "bottom-right aligned: j <= i + S?)")
 
 
+@pytest.mark.part("A")
 def test_generate_cache_matches_no_cache(impl):
     model = make_model(impl)
     ids = torch.randint(0, CFG["vocab_size"], (2, 5), generator=torch.Generator().manual_seed(4))
@@ -115,6 +123,7 @@ def test_generate_cache_matches_no_cache(impl):
     assert torch.equal(a, b), f"cached and uncached greedy tokens differ:\n{a}\n{b}"
 
 
+@pytest.mark.part("A")
 def test_generate_on_a_float64_model(impl):
     model = make_model(impl).double()
     ids = torch.randint(0, CFG["vocab_size"], (2, 5), generator=torch.Generator().manual_seed(7))
@@ -123,6 +132,7 @@ def test_generate_on_a_float64_model(impl):
     assert torch.equal(a, b), f"cached and uncached greedy tokens differ on a float64 model:\n{a}\n{b}"
 
 
+@pytest.mark.part("A")
 def test_left_padded_row_equals_the_prompt_alone(impl):
     model = make_model(impl)
     ids = torch.randint(0, CFG["vocab_size"], (2, 7), generator=torch.Generator().manual_seed(5))
@@ -134,6 +144,7 @@ def test_left_padded_row_equals_the_prompt_alone(impl):
         f"padded row differs from its prompt alone: {out[1, 7:].tolist()} vs {alone[0, 4:].tolist()}"
 
 
+@pytest.mark.part("A")
 def test_decode_step_flops_do_not_grow_beyond_attention(impl):
     model = make_model(impl)
     H, D = CFG["n_heads"], CFG["d_model"] // CFG["n_heads"]
@@ -154,6 +165,7 @@ def test_decode_step_flops_do_not_grow_beyond_attention(impl):
 
 # --- Part B (bonus): PagedKVCache -----------------------------------------------------------
 
+@pytest.mark.part("B")
 def test_paged_append_gather_and_free(impl):
     torch.manual_seed(6)
     cache = impl.PagedKVCache(4, 3, 1, 2, 4)

@@ -9,6 +9,7 @@ import torch
 import pytest
 
 
+@pytest.mark.part("A")
 def test_quantize_symmetric_int8_per_row(impl):
     w = torch.tensor([[0.5, -1.0, 0.25, 0.0], [2.0, 1.0, -0.5, 0.125]])
     codes, scale = impl.quantize_symmetric(w, bits=8)
@@ -18,6 +19,7 @@ def test_quantize_symmetric_int8_per_row(impl):
     assert codes[0].tolist() == [64, -127, 32, 0], "codes = round(w / scale) (round to nearest)"
 
 
+@pytest.mark.part("A")
 def test_quantize_symmetric_groups_and_zero_group(impl):
     w = torch.zeros(2, 8)
     w[1, 4:] = torch.tensor([0.7, -0.1, 0.2, 0.3])
@@ -28,6 +30,7 @@ def test_quantize_symmetric_groups_and_zero_group(impl):
     assert (codes[0] == 0).all()
 
 
+@pytest.mark.part("A")
 def test_quantize_asymmetric_keeps_zero_exact(impl):
     w = torch.tensor([[0.0, 0.3, 0.6, 1.5], [-1.0, 0.0, 0.25, 0.5]])
     codes, scale, zp = impl.quantize_asymmetric(w, bits=4, group_size=None)
@@ -37,11 +40,13 @@ def test_quantize_asymmetric_keeps_zero_exact(impl):
     assert ((w - deq).abs() <= scale / 2 + 1e-6).all(), "error must stay within scale / 2"
 
 
+@pytest.mark.part("A")
 def test_quantize_group_size_must_divide(impl):
     with pytest.raises(ValueError):
         impl.quantize_symmetric(torch.randn(2, 10), bits=8, group_size=4)
 
 
+@pytest.mark.part("B")
 def test_pack_int4_handout_example(impl):
     packed = impl.pack_int4(torch.tensor([1, 2, 3, 4]))
     assert packed.dtype == torch.uint8 and packed.tolist() == [0x21, 0x43], \
@@ -49,6 +54,7 @@ def test_pack_int4_handout_example(impl):
     assert impl.unpack_int4(packed).tolist() == [1, 2, 3, 4]
 
 
+@pytest.mark.part("B")
 def test_pack_int4_errors(impl):
     with pytest.raises(TypeError):
         impl.pack_int4(torch.tensor([1.0, 2.0]))
@@ -59,6 +65,7 @@ def test_pack_int4_errors(impl):
 
 
 @pytest.mark.parametrize("bits", [8, 4])
+@pytest.mark.part("C")
 def test_quantized_linear_close_to_float(impl, bits):
     torch.manual_seed(0)
     lin = torch.nn.Linear(256, 16)

@@ -1,0 +1,59 @@
+"""The grader API: the only harness module graders and visible tests import.
+
+``graders/NN/*.py`` and ``labs/NN/test_*.py`` (and their ``conftest.py``) write
+``from harness.toolkit import ...`` and nothing else of the harness
+(``tests/test_architecture.py`` refuses any other ``harness`` import there). A name
+a grader needs is added here first, with its group below; the modules behind it
+can then move without touching a grader. Like the modules it re-exports, it is
+grader-side: the sandboxed worker never sees it (not in ``HARNESS_FILES``).
+
+Checks and inputs (``harness.testing``)
+  ``DTYPES``, ``MiB``, ``devices``, ``tolerance``, ``randn``, ``call_id``,
+  ``assert_close``, ``assert_memory``, ``checked``, ``measure_checked``,
+  ``expect_raises``
+
+Sandbox calls and probes (``harness.sandbox``; student code runs only in the worker)
+  ``measure``, ``timed``, ``restart``, ``source``, ``is_instance``, ``is_remote``,
+  ``vjp``, ``gradcheck``, ``param_grads``, ``saved_tensors``, ``call_views``,
+  ``fill_held``, ``held_bytes``, ``held_storages``, ``watch_storages``,
+  ``resident_bytes``, ``SandboxError``
+
+Oracles, in float64 (``harness.oracles``)
+  ``attention``, ``causal_mask``
+
+Ranks of the multi-rank labs (``harness.distributed``)
+  ``run_ranks`` (``harness.distributed.run``: ``body(rk, ...)`` on W sandboxed
+  ranks), ``View`` (a view sent with its base), ``DATA_COLLECTIVES`` (the
+  collectives a ring implementation may not call), ``RankError``, ``RankTimeout``
+
+Bench and allocations (``harness.bench``, ``harness.alloc``)
+  ``geomean``, ``attention_flops``, ``AllocationTracker``
+"""
+from __future__ import annotations
+
+from .alloc import AllocationTracker
+from .bench import attention_flops, geomean
+from .distributed import DATA_COLLECTIVES, RankError, RankTimeout, View
+from .distributed import run as run_ranks
+from .oracles import attention, causal_mask
+from .sandbox import (SandboxError, call_views, fill_held, gradcheck, held_bytes, held_storages, is_instance,
+                      is_remote, measure, param_grads, resident_bytes, restart, saved_tensors, source, timed, vjp,
+                      watch_storages)
+from .testing import (DTYPES, MiB, assert_close, assert_memory, call_id, checked, devices, expect_raises,
+                      measure_checked, randn, tolerance)
+
+__all__ = [
+    # checks and inputs
+    "DTYPES", "MiB", "devices", "tolerance", "randn", "call_id", "assert_close", "assert_memory", "checked",
+    "measure_checked", "expect_raises",
+    # sandbox calls and probes
+    "measure", "timed", "restart", "source", "is_instance", "is_remote", "vjp", "gradcheck", "param_grads",
+    "saved_tensors", "call_views", "fill_held", "held_bytes", "held_storages", "watch_storages", "resident_bytes",
+    "SandboxError",
+    # oracles
+    "attention", "causal_mask",
+    # ranks
+    "run_ranks", "View", "DATA_COLLECTIVES", "RankError", "RankTimeout",
+    # bench and allocations
+    "geomean", "attention_flops", "AllocationTracker",
+]
