@@ -5,6 +5,7 @@ B * Hq small matmuls instead of one batched matmul per KV group.
 Caught by: test_cpu_speed_against_sdpa (no performance credit: ~20-30x SDPA's CPU time,
 past zero_credit).
 """
+SELECT = 'test_cpu_speed_against_sdpa'
 MUTATE = [
     ("    acc = torch.promote_types(q.dtype, torch.float32)             # fp16/bf16 -> fp32; fp64 stays\n",
      "    acc = torch.promote_types(q.dtype, torch.float32)             # fp16/bf16 -> fp32; fp64 stays\n"

@@ -6,6 +6,7 @@ Caught by: test_part_a_cpu_speed_vs_sdpa (no performance credit: its time ratio 
 SDPA is past zero_credit), which runs before the determinism and memory tests, where 8 x 8
 tiles of 1024-long rows under the allocation tracker take minutes.
 """
+SELECT = 'test_part_a_cpu_speed_vs_sdpa'
 MUTATE = [
     ('            raise ValueError(f"{name} must be a positive int, got {b!r}")\n    B, H, Lq, D = q.shape\n',
      '            raise ValueError(f"{name} must be a positive int, got {b!r}")\n    B, H, Lq, D = q.shape\n'

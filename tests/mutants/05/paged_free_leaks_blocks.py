@@ -3,6 +3,7 @@ to the pool, so freed memory is lost.
 
 Killed by: test_paged_free_returns_blocks_for_reuse.
 """
+SELECT = 'test_paged_free_returns_blocks_for_reuse'
 MUTATE = [
     ("        self._free.extend(reversed(table))\n", ""),
 ]

@@ -2,6 +2,7 @@
 
 Killed by: test_paged_nbytes_and_storage_preallocated.
 """
+SELECT = 'test_paged_nbytes_and_storage_preallocated and fp32'
 MUTATE = [
     ("self.nbytes = 2 * self.k_blocks.numel() * self.k_blocks.element_size()",
      "self.nbytes = self.k_blocks.numel() * self.k_blocks.element_size()"),

@@ -6,6 +6,7 @@ forward: slower than not caching at all.
 Caught by: test_cpu_speed_cached_vs_uncached_generate (no performance credit: its time
 ratio to the uncached generate is past zero_credit).
 """
+SELECT = 'test_cpu_speed_cached_vs_uncached_generate'
 MUTATE = [
     ("    step_input = input_ids  # the whole prompt first (prefill), then one token at a time\n",
      "    step_input = input_ids  # the whole prompt first (prefill), then one token at a time\n"

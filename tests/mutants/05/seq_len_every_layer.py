@@ -6,6 +6,7 @@ Killed by: test_seq_len_advances_only_after_last_layer, and named as well by eve
 appends through several layers (the stored-prefix checks) or drives the model with a cache
 (test_cached_decode_matches_uncached_every_step, test_multi_token_appends_match_reference).
 """
+SELECT = 'test_seq_len_advances_only_after_last_layer'
 MUTATE = [
     ("        if layer_idx == self.n_layers - 1:\n            self.seq_len = S + T\n",
      "        self.seq_len = S + T\n"),

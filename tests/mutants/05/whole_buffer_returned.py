@@ -5,6 +5,7 @@ masks the slots past seq_len + T instead of never reading them: unwritten slots
 Killed by: test_nan_prefilled_cache_gives_finite_identical_results,
 test_update_returns_views_of_the_stored_prefix.
 """
+SELECT = 'test_update_returns_views_of_the_stored_prefix'
 MUTATE = [
     ("        return self.k[layer_idx, :, :, :S + T], self.v[layer_idx, :, :, :S + T]\n",
      "        return self.k[layer_idx], self.v[layer_idx]\n"),
