@@ -71,11 +71,11 @@ def _gradescope_test(t: TestResult, visibility: str) -> dict:
     needs a GPU this machine lacks) is neither passed nor failed: no ``status`` and
     ``max_score`` 0 (Gradescope shows it neutral, not as a failure), its worth in
     ``extra_data.not_run_points`` and the reason in its output."""
-    entry = {"name": f"{t.part}: {t.name}", "score": round(t.score, 4), "max_score": round(t.max_score, 4),
+    entry = {"name": f"{t.part}: {t.name}", "score": t.score, "max_score": t.max_score,
              "output": t.output, "visibility": visibility, "tags": t.tags, "extra_data": {"part": t.part}}
     if not t.runnable:
         entry.update(max_score=0.0, output=f"not run here, worth {t.max_score:.4g} points: {t.output}")
-        entry["extra_data"]["not_run_points"] = round(t.max_score, 4)
+        entry["extra_data"]["not_run_points"] = t.max_score
     else:
         entry["status"] = "passed" if t.outcome == "passed" and t.score >= t.max_score - 1e-9 else "failed"
     return entry
@@ -95,9 +95,10 @@ class GradeResult:
 
     @property
     def score(self) -> float:
-        """The sum of the tests' scores as results.json shows them (each rounded to 4
-        places), so that every total (grades.csv, the gradebook, results.json) agrees."""
-        return round(sum(round(t.score, 4) for t in self.tests), 4)
+        """The sum of the tests' scores, rounded to 4 places once (results.json keeps each
+        test's score unrounded, so every total -- grades.csv, the gradebook, results.json
+        -- is the same sum, without per-test rounding drift)."""
+        return round(sum(t.score for t in self.tests), 4)
 
     @property
     def max_score(self) -> float:
@@ -138,8 +139,8 @@ def part_scores(results: dict) -> dict[str, float]:
     for t in results.get("tests", []):
         part = (t.get("extra_data") or {}).get("part")
         if part is not None:
-            out[part] = round(out.get(part, 0.0) + float(t["score"]), 4)
-    return out
+            out[part] = out.get(part, 0.0) + float(t["score"])
+    return {k: round(v, 4) for k, v in out.items()}
 
 
 # --- the grading seed ------------------------------------------------------

@@ -309,8 +309,9 @@ def _marker_problem(st: _LabsState, item) -> str | None:
 
     A test inside a lab folder: a ``part`` marker names one of the lab's parts, a
     ``perf(key)`` marker one of its perf keys. A grader test (under ``graders/``) must
-    carry a part: ``harness.grading.score`` shares a part's points among its tests
-    (visible tests in ``labs/NN`` need none)."""
+    carry a part: ``harness.grading.score`` shares a part's points among its tests.
+    Visible tests (``labs/NN``) should (``labs progress`` reports by part, ``-k
+    part_a`` selects by it; the course's own labs all do) but need not."""
     course = st.course
     try:
         rel = Path(item.path).resolve().relative_to(course.root.resolve())
