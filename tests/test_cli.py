@@ -40,10 +40,13 @@ def test_grade_reference_gets_full_runnable_marks_with_gradescope_json(toy_cours
     assert r["score"] == pytest.approx(1.5 + 3 + 2)
     assert {"score", "execution_time", "tests", "leaderboard", "visibility"} <= set(r)
     for t in r["tests"]:
-        assert {"name", "score", "max_score", "status", "output", "visibility", "tags"} <= set(t)
-        assert t["status"] in ("passed", "failed")
+        assert {"name", "score", "max_score", "output", "visibility", "tags", "extra_data"} <= set(t)
+        # a GPU test not run here is neutral (no status); every test that ran passed or failed
+        assert ("status" in t) == (t["extra_data"].get("not_run_points") is None)
+        assert t.get("status", "passed") in ("passed", "failed")
     gpu = next(t for t in r["tests"] if "test_on_gpu" in t["name"])
-    assert gpu["score"] == 0 and "skipped" in gpu["tags"] and "needs a CUDA GPU" in gpu["output"]
+    assert gpu["score"] == gpu["max_score"] == 0 and "skipped" in gpu["tags"] and "needs a CUDA GPU" in gpu["output"]
+    assert "status" not in gpu and gpu["extra_data"]["not_run_points"] == pytest.approx(1.5)
     speed = next(t for t in r["tests"] if "test_speed" in t["name"])
     assert speed["score"] == pytest.approx(2.0) and "2.000x torch.add" in speed["output"]
     assert r["leaderboard"] == [{"name": "add_vs_torch", "value": 2.0, "order": "asc"}]
@@ -80,7 +83,7 @@ def test_grade_misnamed_module_is_one_line_naming_the_near_miss(toy_course, tmp_
     p = labs(toy_course, "grade", str(tmp_path / "sub"), "--lab", "07", "--sandbox", "process")
     assert p.returncode == 0 and "Traceback" not in p.stderr
     (line,) = p.stdout.splitlines()
-    assert line.startswith(f"Lab 07 — Toy lab: {tmp_path / 'sub'}: score 0 / 10: no module: no 07/toy.py in ")
+    assert line.startswith(f"Lab 07 — Toy lab: {tmp_path / 'sub'}: score 0 / 10: no module: no toy.py in ")
     assert line.endswith("found labs/07/TOY.py, toy_solution.py: the file must be named toy.py exactly")
 
 
