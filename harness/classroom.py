@@ -449,7 +449,7 @@ def load_row(out: Path, student: str) -> Row | None:
     try:
         res = json.loads(path.read_text())
         kind = Status(res["extra_data"].get("status_kind", Status.INFRA_ERROR.value))
-        if not all("part" in (t.get("extra_data") or {}) for t in res["tests"]):
+        if not all("part" in (t.get("extra_data") or {}) for t in res.get("tests", [])):
             kind = Status.INFRA_ERROR
         return Row(student, res["extra_data"]["status"], res, res.get("execution_time", 0.0), skipped=True, kind=kind)
     except (OSError, ValueError, KeyError, TypeError, AttributeError):

@@ -127,7 +127,8 @@ def test_real_lab_04_zip_pins_torch_and_installs_triton(tmp_path):
     assert '"torch==2.13.0"' in setup and '/autograder/source[triton]' in setup
     if (ROOT / "docker/requirements.lock").is_file():
         assert "docker/requirements.lock" in names and "-c docker/requirements.lock" in setup
-    assert "--json \"$RESULTS/labs-grade.json\"" in run and "MODULE=flash_attention.py" in run
+    assert "--json \"$RESULTS/labs-grade.json\"" in run and "submission's flash_attention.py" in run
+    assert 'grade "$SUB" --lab "$LAB"' in run and "LAB=04" in run
 
 
 def test_run_autograder_reference_checkout_full_runnable_marks(autograder):
