@@ -80,6 +80,21 @@ class Call:
     m: Any
 
 
+@dataclasses.dataclass
+class Step:
+    """What :meth:`RankProxy.backward` saw: ``grads`` and ``params`` (name to tensor, of the
+    model after backward and after the step), ``comm`` (the counter's report), ``events``
+    (its ordered log: ``ready`` (a gradient accumulated, ``p`` its name), ``launch`` (a
+    collective: ``op``, ``numel``, ``dtype``, ``async_op``), ``send``/``recv``, ``wait``
+    (``Work.wait``/``Future.wait``), ``forward_done``, ``backward_done``) and ``m``."""
+
+    grads: dict
+    params: dict
+    comm: dict
+    events: list
+    m: Any
+
+
 class RankProxy:
     """One rank, seen from the grader's thread that drives it."""
 
@@ -114,6 +129,38 @@ class RankProxy:
             raise AssertionError(f"rank {self.rank} called {', '.join(sorted(set(comm['forbidden'])))}: the contract "
                                  "forbids collectives here (point-to-point send/recv only)")
         return Call(value.get("out"), value["args"], [x is True for x in value["same"]], comm, m)
+
+    def build_model(self, spec: dict, state: dict):
+        """A trusted :class:`TrainNet` (``spec``, loaded with the state dict ``state``) built
+        on this rank; returns a handle to it."""
+        return _sb.run_probe("build_model", on=self.impl, spec=spec, state=state,
+                             what=f"rank {self.rank}: building the model")[0]
+
+    def state(self, obj) -> dict:
+        """``obj.state_dict()`` on this rank (``obj`` a handle), as detached copies."""
+        return _sb.run_probe("state", target=obj, what=f"rank {self.rank}: reading the state")[0]
+
+    def backward(self, fn, model, *args, grad_output, no_sync: bool = False, lr: float | None = None,
+                 forbid=(), forbid_collectives=(), **kwargs) -> "Step":
+        """One training step on this rank (see ``probes.probe_backward``): ``fn(*args, **kwargs)``
+        backward with ``grad_output`` (inside ``fn.no_sync()`` if ``no_sync``), then SGD with
+        ``lr`` on ``model`` (a :meth:`build_model` handle). Returns a :class:`Step`."""
+        opts = {"no_sync": bool(no_sync), "lr": lr, "forbid": list(forbid), "comm_forbid": list(forbid_collectives)}
+        value, figures, outside = _sb.run_probe("backward", target=fn, model=model, args=list(args), kwargs=kwargs,
+                                                grad_output=grad_output, opts=opts,
+                                                what=f"rank {self.rank}: a training step of {getattr(fn, '_short', fn)}")
+        m = _sb.measurement_from(figures, outside)
+        if not (isinstance(value, dict) and isinstance(value.get("grads"), dict)
+                and isinstance(value.get("params"), dict)):
+            raise SandboxError("the implementation's process sent a malformed step report")
+        comm = m.comm or {"forbidden": ["<no report>"], "collectives": {}, "sent_bytes": 1 << 62, "events": []}
+        if m.forbidden_called:
+            raise AssertionError(f"rank {self.rank} called {', '.join(sorted(set(m.forbidden_called)))}: the "
+                                 "contract forbids it")
+        if comm["forbidden"]:
+            raise AssertionError(f"rank {self.rank} called {', '.join(sorted(set(comm['forbidden'])))}: the "
+                                 "contract forbids it here")
+        return Step(value["grads"], value["params"], comm, comm.get("events", []), m)
 
     def keep(self, value):
         """Send ``value`` to this rank and keep it there; returns a handle to it."""

@@ -24,7 +24,9 @@ Oracles, in float64 (``harness.oracles``)
 Ranks of the multi-rank labs (``harness.distributed``)
   ``run_ranks`` (``harness.distributed.run``: ``body(rk, ...)`` on W sandboxed
   ranks), ``View`` (a view sent with its base), ``DATA_COLLECTIVES`` (the
-  collectives a ring implementation may not call), ``RankError``, ``RankTimeout``
+  collectives a ring implementation may not call), ``C10D_OPS`` (dispatcher op to
+  collective name), ``RankError``, ``RankTimeout``, ``Step`` (what ``rk.backward``
+  saw), ``TrainNet`` (the trusted model a data-parallel grader trains)
 
 Bench and allocations (``harness.bench``, ``harness.alloc``)
   ``geomean``, ``attention_flops``, ``AllocationTracker``
@@ -33,12 +35,13 @@ from __future__ import annotations
 
 from .alloc import AllocationTracker
 from .bench import attention_flops, geomean
-from .distributed import DATA_COLLECTIVES, RankError, RankTimeout, View
+from .distributed import DATA_COLLECTIVES, RankError, RankTimeout, Step, View
 from .distributed import run as run_ranks
 from .oracles import attention, causal_mask
 from .sandbox import (SandboxError, call_views, fill_held, gradcheck, held_bytes, held_storages, is_instance,
                       is_remote, measure, param_grads, resident_bytes, restart, saved_tensors, source, timed, vjp,
                       watch_storages)
+from .sandbox.probes import C10D_OPS, TrainNet
 from .testing import (DTYPES, MiB, assert_close, assert_memory, call_id, checked, devices, expect_raises,
                       measure_checked, randn, tolerance)
 
@@ -53,7 +56,7 @@ __all__ = [
     # oracles
     "attention", "causal_mask",
     # ranks
-    "run_ranks", "View", "DATA_COLLECTIVES", "RankError", "RankTimeout",
+    "run_ranks", "View", "DATA_COLLECTIVES", "C10D_OPS", "RankError", "RankTimeout", "Step", "TrainNet",
     # bench and allocations
     "geomean", "attention_flops", "AllocationTracker",
 ]

@@ -679,7 +679,30 @@ def _comm_report(c) -> dict:
     out["collectives"] = {str(k)[:60]: _num(cols, k) for k in list(cols)[:50]} if isinstance(cols, dict) else {}
     fb = c.get("forbidden")
     out["forbidden"] = [str(x)[:60] for x in fb][:50] if isinstance(fb, list) else []
+    out["events"] = _events(c.get("events"))
     return out
+
+
+_EVENT_KINDS = {"launch", "send", "recv", "wait", "ready", "forward_done", "backward_done"}
+
+
+def _events(raw) -> list[dict]:
+    """The counter's ordered event log, checked: known kinds only, plain fields."""
+    out = []
+    for e in raw if isinstance(raw, list) else []:
+        if not isinstance(e, dict) or e.get("k") not in _EVENT_KINDS:
+            out.append({"k": "malformed"})
+            continue
+        ev = {"k": e["k"]}
+        for key in ("op", "dtype", "p"):
+            if isinstance(e.get(key), str):
+                ev[key] = e[key][:200]
+        if isinstance(e.get("numel"), int) and not isinstance(e.get("numel"), bool):
+            ev["numel"] = e["numel"]
+        if isinstance(e.get("async_op"), bool):
+            ev["async_op"] = e["async_op"]
+        out.append(ev)
+    return out[:10_000]
 
 
 def _rss_reset(pid) -> int | None:

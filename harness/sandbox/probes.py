@@ -84,7 +84,11 @@ SDPA = "torch.nn.functional.scaled_dot_product_attention"
 # the name), and the ATen ops (substrings of op names) the in-process op list must not show: that
 # catches a ``torch.ops.aten`` overload saved at import, which no patch can reach (torch itself
 # looks those packets up, so they are never replaced).
-FAMILIES = {SDPA: ["torch._C._nn.scaled_dot_product_attention"]}
+DDP = "torch.nn.parallel.DistributedDataParallel"
+REDUCER = "torch.distributed.Reducer"
+FAMILIES = {SDPA: ["torch._C._nn.scaled_dot_product_attention"],
+            DDP: ["torch.nn.parallel.distributed.DistributedDataParallel"],
+            REDUCER: ["torch._C._distributed_c10d.Reducer"]}
 FAMILY_OPS = {SDPA: ("scaled_dot_product",)}
 
 
@@ -145,7 +149,9 @@ def forbid(names, module, reason: str, seen: list):
             setattr(obj, attr, new)
         yield
     finally:
-        for obj, attr, old, _ in reversed(patches):
+        for obj, attr, old, new in reversed(patches):
+            if getattr(obj, attr, None) is not new:  # put back during the call: as good as calling it
+                seen.append(f"{getattr(obj, '__name__', type(obj).__name__)}.{attr} (put back during the call)")
             setattr(obj, attr, old)
 
 
@@ -226,12 +232,17 @@ def _hook(name: str, original, method: bool):
             else:
                 c.recv_msgs += 1
                 c.recv_bytes += nbytes
+            c.event("send" if sending else "recv", numel=numel)
             side = "dst" if sending else "src"
             peer = k.get(side, k.get("group_" + side, args[1] if len(args) > 1 else "?"))
             note(f"in {name}({side}={peer}, {nbytes} bytes) since t={time.time():.1f}")
         elif kind == "collective" and name != "batch_isend_irecv":
             label = _PG_METHODS.get(name, name) if method else name
             c.collectives[label] = c.collectives.get(label, 0) + 1
+            tensor = next((y for y in flat(list(args) + list(k.values())) if isinstance(y, torch.Tensor)), None)
+            c.event("launch", op=label, numel=max([_numel_list(x) for x in list(args) + list(k.values())] or [0]),
+                    dtype=str(tensor.dtype).removeprefix("torch.") if tensor is not None else None,
+                    async_op=bool(k.get("async_op", False)) or method)
             c.collective_elems += max([_numel_list(x) for x in list(args) + list(k.values())] or [0])
             if label in c.forbid:
                 c.forbidden.append(label)
@@ -250,6 +261,16 @@ def _hook(name: str, original, method: bool):
         return out
     hooked.__name__ = getattr(original, "__name__", name)
     return hooked
+
+
+def _waiting(original):
+    """A stand-in for ``Work.wait`` / ``Future.wait``: records a ``wait`` event, then waits."""
+    def wait(self, *a, **k):
+        if _ACTIVE:
+            _ACTIVE[-1].event("wait")
+        return original(self, *a, **k)
+    wait.__name__ = "wait"
+    return wait
 
 
 def install_comm_hooks() -> None:
@@ -273,6 +294,12 @@ def install_comm_hooks() -> None:
                 if value is original:
                     _INSTALLED.append((m, attr, original, new))
                     setattr(m, attr, new)
+    for cls in {C.Work, getattr(c10d, "Work", C.Work), torch.futures.Future}:
+        original = vars(cls).get("wait")
+        if original is not None:
+            new = _waiting(original)
+            _INSTALLED.append((cls, "wait", original, new))
+            setattr(cls, "wait", new)
     classes = [getattr(C, n) for n in ("ProcessGroup", "Backend", "ProcessGroupGloo", "ProcessGroupNCCL")
                if hasattr(C, n)]
     classes += [getattr(c10d, n) for n in ("ProcessGroupGloo", "ProcessGroupNCCL") if hasattr(c10d, n)]
@@ -305,13 +332,19 @@ class CommCounter:
         self.collectives: dict[str, int] = {}
         self.collective_elems = 0
         self.forbidden: list[str] = []
+        self.events: list[dict] = []  # in order: launch / send / recv / wait, and the probes' own marks
         self._depth = 0  # > 0 inside a counted call: its internal calls are not counted again
+
+    def event(self, kind: str, **fields) -> None:
+        """Append ``{"k": kind, **fields}`` to the ordered event log (at most 10,000 kept)."""
+        if len(self.events) < 10_000:
+            self.events.append({"k": kind, **fields})
 
     def report(self) -> dict:
         return {"sent_msgs": self.sent_msgs, "sent_bytes": self.sent_bytes, "sent_elems": self.sent_elems,
                 "recv_msgs": self.recv_msgs, "recv_bytes": self.recv_bytes,
                 "collectives": dict(self.collectives), "collective_elems": self.collective_elems,
-                "forbidden": list(self.forbidden)}
+                "forbidden": list(self.forbidden), "events": list(self.events)}
 
     def __enter__(self):
         install_comm_hooks()
@@ -770,6 +803,91 @@ def probe_keep(module, value):
     """Keep ``value`` (e.g. a tensor that must stay in the worker between calls) and
     answer with a handle to it."""
     return value, {"keep": True}
+
+
+# --- training steps (data-parallel labs): a trusted model on the rank, one backward watched ----------
+
+class TrainNet(torch.nn.Module):
+    """The model a data-parallel grader trains on each rank (trusted code, built here by
+    :func:`probe_build_model` so that gradient-ready events are seen first).
+
+    ``spec["layers"]``: a list of ``{"name", "in", "out", "bias", "dtype", "frozen"}``
+    linear layers applied in order, ``tanh`` between them; ``forward(x, skip=())`` leaves
+    out the layers named in ``skip`` (each of them square: unused parameters). The input
+    is cast to each layer's dtype; the output is float32 times the buffer ``scale``
+    (``(out,)``, broadcast at construction like every buffer). Every trainable parameter
+    records a ``ready`` event (its name) in the active communication counter when its
+    gradient is accumulated (``register_post_accumulate_grad_hook``, registered before
+    any wrapper's hooks)."""
+
+    def __init__(self, spec: dict):
+        super().__init__()
+        self.layers = torch.nn.ModuleDict()
+        for L in spec["layers"]:
+            lin = torch.nn.Linear(int(L["in"]), int(L["out"]), bias=bool(L.get("bias", True)),
+                                  dtype=getattr(torch, L.get("dtype", "float32")))
+            if L.get("frozen"):
+                lin.requires_grad_(False)
+            self.layers[L["name"]] = lin
+        self.register_buffer("scale", torch.ones(int(spec["layers"][-1]["out"])))
+        for name, p in self.named_parameters():
+            if p.requires_grad:
+                p.register_post_accumulate_grad_hook(_ready_event(name))
+
+    def forward(self, x, skip=()):
+        names = [n for n in self.layers if n not in skip]
+        for i, n in enumerate(names):
+            lin = self.layers[n]
+            x = lin(x.to(lin.weight.dtype))
+            if i < len(names) - 1:
+                x = torch.tanh(x)
+        return x.to(torch.float32) * self.scale
+
+
+def _ready_event(name: str):
+    def ready(_param) -> None:
+        if _ACTIVE:
+            _ACTIVE[-1].event("ready", p=name)
+    return ready
+
+
+def probe_build_model(module, spec, state):
+    """A :class:`TrainNet` from ``spec`` with ``state`` (a state dict, strict) kept on this rank."""
+    net = TrainNet(spec)
+    net.load_state_dict(state, strict=True)
+    return net, {"keep": True}
+
+
+def probe_state(module, target):
+    """``target.state_dict()`` (parameters and buffers), detached copies."""
+    return {k: v.detach().clone() for k, v in target.state_dict().items()}, {}
+
+
+def probe_backward(module, target, model, args, kwargs, grad_output, opts):
+    """One training step of ``target`` (e.g. a data-parallel wrapper of ``model``) under the
+    communication counter: ``out = target(*args, **kwargs)``, ``out.backward(grad_output)``
+    (inside ``target.no_sync()`` when ``opts["no_sync"]``), then, with ``opts["lr"]``, a plain
+    SGD step on ``model``'s parameters and their gradients set to None. The counter's event
+    log gets ``forward_done`` and ``backward_done`` marks. ``opts``: ``forbid`` (dotted names
+    as in ``measure``), ``comm_forbid``. Value: ``{"grads", "params"}`` of ``model`` (name to
+    tensor; a gradient None where it has none) after backward and after the step."""
+    with _watched(module, {"comm": True, "comm_forbid": opts.get("comm_forbid", ()), "forbid": opts.get("forbid", []),
+                           "alloc": False, "ops": True}) as box:
+        counter = _ACTIVE[-1]
+        with target.no_sync() if opts.get("no_sync") else contextlib.nullcontext():
+            out = target(*args, **kwargs)
+            counter.event("forward_done")
+            torch.autograd.backward(out, grad_output)
+        counter.event("backward_done")
+    grads = {n: None if p.grad is None else p.grad.detach().clone() for n, p in model.named_parameters()}
+    lr = opts.get("lr")
+    if lr:
+        with torch.no_grad():
+            for p in model.parameters():
+                if p.grad is not None:
+                    p -= lr * p.grad
+                p.grad = None
+    return {"grads": grads, "params": {n: p.detach().clone() for n, p in model.named_parameters()}}, box
 
 
 # --- timing (perf graders): candidate and baseline in one process, interleaved -------------------
