@@ -1,0 +1,497 @@
+"""Hidden graders of lab 07, data parallelism from scratch (the DDP contract).
+
+Each case builds the trusted model (``TrainNet``: linear layers, tanh between, a
+``scale`` buffer) on W spawned gloo ranks, every rank from its own weights, wraps it
+in the submission's ``DDP`` and runs training steps there (``rk.backward``: forward,
+backward with the grader's ``grad_output``, plain SGD on the model). Rank r's loss is
+``sum(out_r * g_r)`` with ``g_r`` the mean-over-batch gradient, so the average over
+the ranks is the loss of the concatenated batch. The parent replays every step in
+float64 from rank 0's initial weights (its own functional forward, not the model)
+and compares gradients after each backward and parameters after each step (float32
+and float64 layers: atol 1e-6, rtol 0).
+
+The communication counter records, in order, each gradient's ``ready`` event (a
+post-accumulate-grad hook of the model, registered before the DDP's own), every
+collective launch (op, elements, dtype, async) and every ``Work.wait``; the overlap
+and once-per-bucket checks read that log. A failure names the bug class it matches
+(sum instead of average, buckets in forward order, all-reduce after backward, ...).
+"""
+from __future__ import annotations
+
+import ast
+import math
+
+import pytest
+import torch
+
+from harness.toolkit import assert_close, is_instance, run_ranks, source
+
+T = 60.0
+T_HANG = 25.0  # the unused-parameter cases: an honest run takes ~1 s; a DDP that never launches a bucket hangs
+ATOL = 1e-6
+LR = 0.25
+FORBID = ["torch.nn.parallel.DistributedDataParallel", "torch.distributed.Reducer"]
+FORBIDDEN_MODULES = ("torch.distributed.algorithms", "torch.distributed._composable", "torch.distributed.fsdp",
+                     "torch.nn.parallel.distributed")
+
+
+# ----------------------------------------------------------------------------- scenario
+
+def layer(name, d_in, d_out, bias=True, dtype="float32", frozen=False):
+    return {"name": name, "in": d_in, "out": d_out, "bias": bias, "dtype": dtype, "frozen": frozen}
+
+
+MLP = {"layers": [layer("inp", 5, 8), layer("mid", 8, 8), layer("out", 8, 3)]}
+# square layers "b", "c" can be skipped (unused parameters); "f" is frozen; "d" is float64
+WIDE = {"layers": [layer("a", 6, 8), layer("b", 8, 8), layer("c", 8, 8, bias=False), layer("d", 8, 8, dtype="float64"),
+                   layer("f", 8, 8, frozen=True), layer("e", 8, 4)]}
+
+
+def trainable(spec):
+    """(name, shape, dtype) of every trainable parameter in ``module.parameters()`` order."""
+    out = []
+    for L in spec["layers"]:
+        if L["frozen"]:
+            continue
+        dt = getattr(torch, L["dtype"])
+        out.append((f"layers.{L['name']}.weight", (L["out"], L["in"]), dt))
+        if L["bias"]:
+            out.append((f"layers.{L['name']}.bias", (L["out"],), dt))
+    return out
+
+
+def init_state(seed, spec, rank):
+    """Rank ``rank``'s initial state dict: its own weights and ``scale`` buffer (the DDP
+    must replace them with rank 0's)."""
+    g = torch.Generator().manual_seed((seed * 31 + rank * 7 + 1) % 2**63)
+    state = {}
+    for L in spec["layers"]:
+        dt = getattr(torch, L["dtype"])
+        state[f"layers.{L['name']}.weight"] = (torch.randn(L["out"], L["in"], generator=g) / math.sqrt(L["in"])).to(dt)
+        if L["bias"]:
+            state[f"layers.{L['name']}.bias"] = (torch.randn(L["out"], generator=g) * 0.1).to(dt)
+    state["scale"] = 1 + 0.25 * torch.rand(spec["layers"][-1]["out"], generator=g)
+    return state
+
+
+def batch(seed, rank, step, spec, B=3):
+    """Rank ``rank``'s input ``(B, in)`` and ``grad_output`` ``(B, out)`` (a mean over its batch)."""
+    g = torch.Generator().manual_seed((seed * 131 + rank * 17 + step * 5 + 2) % 2**63)
+    x = torch.randn(B, spec["layers"][0]["in"], generator=g)
+    go = torch.randn(B, spec["layers"][-1]["out"], generator=g) / B
+    return x, go
+
+
+def expected_buckets(spec, cap_mb):
+    """The contract's partition, built here from the rule (never from the submission)."""
+    buckets, size, key = [], 0, None
+    for name, shape, dt in reversed(trainable(spec)):
+        nbytes = math.prod(shape) * torch.empty((), dtype=dt).element_size()
+        if buckets and dt == key and size + nbytes <= cap_mb * 2**20:
+            buckets[-1].append(name)
+            size += nbytes
+        else:
+            buckets.append([name])
+            size, key = nbytes, dt
+    return buckets
+
+
+def body_train(rk, seed, spec, cap, plan, groups=None):
+    """Drives one rank: builds the model from this rank's own state, wraps it (under the
+    counter; in this rank's group of ``groups`` if given), then one backward per entry of
+    ``plan`` (``{"no_sync": bool, "skip": {rank: [layer names]}}``); SGD after every
+    synchronised backward."""
+    model = rk.build_model(spec, init_state(seed, spec, rk.rank))
+    group = None
+    if groups is not None:
+        group = next(g for g in rk.new_groups(groups) if g is not None)
+    c = rk.call(rk.impl.DDP, model, bucket_cap_mb=cap, group=group, forbid=FORBID)
+    ddp = c.out
+    out = {"construct": c.comm["collectives"], "buckets": ddp.buckets, "torch_ddp": is_instance(
+        ddp, torch.nn.parallel.DistributedDataParallel), "state0": rk.state(model), "steps": []}
+    for step, p in enumerate(plan):
+        x, go = batch(seed, rk.rank, step, spec)
+        skip = p.get("skip", {}).get(rk.rank, [])
+        s = rk.backward(ddp, model, x, grad_output=go, skip=skip, no_sync=p.get("no_sync", False),
+                        lr=None if p.get("no_sync") else LR, forbid=FORBID)
+        out["steps"].append({"grads": s.grads, "params": s.params, "comm": s.comm, "events": s.events})
+    return out
+
+
+def train(impl, seed, W, spec=MLP, cap=25.0, plan=({},) * 3, groups=None, timeout=T):
+    return run_ranks(body_train, W, seed, spec, cap, list(plan), groups, impl=impl, timeout=timeout)
+
+
+# ----------------------------------------------------------------------------- the oracle
+
+def forward64(params, state, spec, x, skip):
+    h = x.double()
+    names = [L["name"] for L in spec["layers"] if L["name"] not in skip]
+    for i, n in enumerate(names):
+        w = params.get(f"layers.{n}.weight", state[f"layers.{n}.weight"].double())
+        b = params.get(f"layers.{n}.bias", state.get(f"layers.{n}.bias"))
+        h = h @ w.T + (b.double() if b is not None else 0)
+        if i < len(names) - 1:
+            h = torch.tanh(h)
+    return h * state["scale"].double()
+
+
+def oracle(seed, spec, W, plan, ranks=None):
+    """Per step: the averaged gradients after a synchronised backward (None where no rank
+    produced one), each rank's local accumulated gradients after a ``no_sync`` one, and the
+    parameters after the step, all from the first rank's initial state, in float64.
+    ``ranks``: the global ranks of the group (default ``0..W-1``)."""
+    ranks = list(range(W)) if ranks is None else ranks
+    state = init_state(seed, spec, ranks[0])
+    names = [n for n, _, _ in trainable(spec)]
+    params = {n: state[n].double().clone().requires_grad_(True) for n in names}
+    local = [{n: None for n in names} for _ in range(W)]  # each rank's .grad
+    steps = []
+    for step, p in enumerate(plan):
+        for r, gr in enumerate(ranks):
+            x, go = batch(seed, gr, step, spec)
+            skip = p.get("skip", {}).get(gr, [])
+            out = forward64(params, state, spec, x, skip)
+            used = [n for n in names if n.split(".")[1] not in skip]
+            grads = torch.autograd.grad((out * go.double()).sum(), [params[n] for n in used])
+            for n, g in zip(used, grads):
+                local[r][n] = g if local[r][n] is None else local[r][n] + g
+        if p.get("no_sync"):
+            steps.append({"local": [dict(d) for d in local], "params": {n: t.detach().clone() for n, t in params.items()}})
+            continue
+        avg = {}
+        for n in names:
+            got = [local[r][n] for r in range(W)]
+            avg[n] = None if all(g is None for g in got) else \
+                sum(g if g is not None else torch.zeros_like(params[n]) for g in got) / W
+        with torch.no_grad():
+            for n in names:
+                if avg[n] is not None:
+                    params[n] -= LR * avg[n]
+        steps.append({"grads": avg, "params": {n: t.detach().clone() for n, t in params.items()}})
+        local = [{n: None for n in names} for _ in range(W)]
+    return steps
+
+
+def check_grads(res, want, W, step, rank, what="gradient"):
+    for n, w in want.items():
+        g = res["grads"].get(n)
+        case = f"W={W}, step {step}, rank {rank}, {n}"
+        if w is None:
+            continue
+        if g is None:
+            raise AssertionError(f"{what} of {n} is None after backward ({case}): every parameter some rank used "
+                                 "must hold the average")
+        if W > 1 and torch.allclose(g.double(), w * W, atol=ATOL * W, rtol=0) and not torch.allclose(
+                g.double(), w, atol=ATOL, rtol=0):
+            raise AssertionError(f"{what} of {n} is W={W} times the average ({case}): the gradients are summed, "
+                                 "not averaged (divide the all-reduced sum by the group's size)")
+        assert_close(g, w, atol=ATOL, rtol=0, what=f"{what} of {n}", case=case)
+
+
+def check_params(res, want, W, step, rank):
+    for n, w in want.items():
+        assert_close(res["params"][n], w, atol=ATOL, rtol=0, what=f"parameter {n} after SGD", case=
+                     f"W={W}, step {step}, rank {rank}")
+
+
+def check_training(results, seed, spec, W, plan, ranks=None):
+    want = oracle(seed, spec, W, plan, ranks)
+    for rank, res in zip(ranks or range(W), results):
+        for step, (r, w) in enumerate(zip(res["steps"], want)):
+            if "local" in w:
+                check_grads(r, w["local"][rank], W, step, rank, what="local gradient under no_sync()")
+            else:
+                check_grads(r, w["grads"], W, step, rank)
+            check_params(r, w["params"], W, step, rank)
+
+
+# ----------------------------------------------------------------------------- event log checks
+
+def launches(events):
+    return [e for e in events if e["k"] == "launch"]
+
+
+def check_once_per_bucket(step, buckets, spec, W, rank, step_no):
+    """One async collective per bucket, in index order, with exactly the bucket's elements in
+    its dtype; nothing before forward ends, no point-to-point ops."""
+    case = f"W={W}, rank {rank}, backward {step_no}"
+    ev = step["events"]
+    p2p = [e["k"] for e in ev if e["k"] in ("send", "recv")]
+    assert not p2p, f"{case}: point-to-point {p2p[0]} during the step: the contract has one collective per bucket"
+    marks = [e["k"] for e in ev]
+    fwd = marks.index("forward_done")
+    assert not launches(ev[:fwd]), f"{case}: forward communicated ({launches(ev[:fwd])[0]['op']}): forward is the " \
+                                   "module's and sends nothing"
+    dims = {n: (math.prod(s), str(dt).removeprefix("torch.")) for n, s, dt in trainable(spec)}
+    got = launches(ev)
+    if W == 1 and not got:
+        return
+    assert len(got) == len(buckets), (
+        f"{case}: {len(got)} collective call(s) for {len(buckets)} bucket(s) "
+        f"({', '.join(e['op'] for e in got[:6])}): exactly one per bucket")
+    for i, (e, b) in enumerate(zip(got, buckets)):
+        numel = sum(dims[n][0] for n in b)
+        assert e.get("numel") == numel, (
+            f"{case}: collective {i} carries {e.get('numel')} elements, bucket {i} ({', '.join(b)}) has {numel}: "
+            "buckets are launched in index order, each with its own gradients only, each element once")
+        assert e.get("dtype") == dims[b[0]][1], (
+            f"{case}: bucket {i} ({b[0]}, ...) is {dims[b[0]][1]} but was sent as {e.get('dtype')}: each element in "
+            "its own dtype")
+        assert e.get("async_op"), f"{case}: bucket {i} was sent with a blocking call: use async_op=True and wait " \
+                                  "at the end of backward"
+
+
+def check_overlap(step, buckets, W, rank, step_no):
+    """Bucket i is launched before the next gradient is ready once buckets 0..i are complete;
+    no wait happens before the last gradient is ready."""
+    case = f"W={W}, rank {rank}, backward {step_no}"
+    ev = step["events"]
+    ready_at = {}
+    for i, e in enumerate(ev):
+        if e["k"] == "ready":
+            ready_at.setdefault(e["p"], i)
+    ready_idx = sorted(ready_at.values())
+    last_ready = ready_idx[-1] if ready_idx else -1
+    launch_idx = [i for i, e in enumerate(ev) if e["k"] == "launch"]
+    complete = -1
+    for b, names in enumerate(buckets):
+        if any(n not in ready_at for n in names):
+            break  # this and the later buckets go at the end of backward
+        complete = max([complete] + [ready_at[n] for n in names])
+        nxt = next((i for i in ready_idx if i > complete), None)
+        if nxt is None:
+            break
+        at = launch_idx[b] if b < len(launch_idx) else None
+        if at is None or at > nxt:
+            first = next(e["p"] for e in ev[nxt:] if e["k"] == "ready")
+            hint = ("all-reduce after backward? every bucket must be launched from the hook that completes it"
+                    if not any(i < last_ready for i in launch_idx) else
+                    "launched too late: as soon as it is complete and the earlier buckets are launched")
+            raise AssertionError(f"{case}: no overlap: bucket {b} ({', '.join(names)}) was complete, but the "
+                                 f"gradient of {first} (a later bucket) became ready before it was launched ({hint})")
+    waits = [i for i, e in enumerate(ev) if e["k"] == "wait"]
+    assert not waits or waits[0] > last_ready, (
+        f"{case}: a hook waited on a collective before backward's last gradient was ready (Work.wait inside the "
+        "hook serialises communication and compute): wait only in the end-of-backward callback")
+
+
+# ----------------------------------------------------------------------------- Part A
+
+@pytest.mark.part("A")
+@pytest.mark.points(3)
+@pytest.mark.parametrize("W", [1, 2, 3, 4], ids=lambda w: f"W{w}")
+def test_matches_single_process_training_on_the_concatenated_batch(W, impl, seed):
+    results = train(impl, seed, W, MLP, cap=25.0, plan=[{}] * 3)
+    check_training(results, seed, MLP, W, [{}] * 3)
+
+
+@pytest.mark.part("A")
+@pytest.mark.points(2)
+@pytest.mark.parametrize("W", [2, 3], ids=lambda w: f"W{w}")
+def test_ranks_start_from_rank_0_parameters_and_buffers(W, impl, seed):
+    results = train(impl, seed, W, WIDE, cap=25.0, plan=[])
+    want = init_state(seed, WIDE, 0)
+    for rank, res in enumerate(results):
+        for k, w in want.items():
+            got = res["state0"][k]
+            if rank and torch.equal(got, init_state(seed, WIDE, rank)[k]):
+                raise AssertionError(f"rank {rank}'s {k} is its own after construction: broadcast every parameter "
+                                     "and buffer from rank 0 of the group (in place)")
+            assert_close(got, w, atol=0, rtol=0, what=f"{k} after construction", case=f"W={W}, rank {rank}")
+
+
+@pytest.mark.part("A")
+@pytest.mark.parametrize("W", [2, 4], ids=lambda w: f"W{w}")
+def test_mixed_dtypes_frozen_layer_and_several_buckets(W, impl, seed):
+    results = train(impl, seed, W, WIDE, cap=0.0005, plan=[{}] * 2)
+    check_training(results, seed, WIDE, W, [{}] * 2)
+
+
+@pytest.mark.part("A")
+@pytest.mark.points(2)
+def test_group_is_honoured(impl, seed):
+    """W=4 split into groups {0, 1} and {2, 3}: each trains on its own, from its first rank's weights."""
+    groups = [[0, 1], [2, 3]]
+    results = train(impl, seed, 4, MLP, cap=0.0005, plan=[{}] * 2, groups=groups)
+    for members in groups:
+        try:
+            check_training([results[r] for r in members], seed, MLP, 2, [{}] * 2, ranks=members)
+        except AssertionError as e:
+            raise AssertionError(f"group {members} of W=4: {e} (broadcast from the group's rank 0, all-reduce "
+                                 "on the group, divide by the group's size)") from None
+
+
+def body_validation(rk, caps):
+    model = rk.build_model(MLP, init_state(0, MLP, 0))
+    out = []
+    for cap in caps:
+        try:
+            rk.call(rk.impl.DDP, model, bucket_cap_mb=cap, forbid=FORBID)
+            out.append("no error")
+        except Exception as e:  # noqa: BLE001 - the type is what is graded
+            out.append(type(e).__name__)
+    return out
+
+
+@pytest.mark.part("A")
+def test_bad_bucket_cap_raises_value_error(impl):
+    caps = [-1.0, float("nan"), -1e-9]
+    got = run_ranks(body_validation, 1, caps, impl=impl, timeout=T)[0]
+    for cap, g in zip(caps, got):
+        assert g == "ValueError", f"DDP(module, bucket_cap_mb={cap}): {g}, expected ValueError (a number >= 0)"
+
+
+def body_forward(rk, seed):
+    model = rk.build_model(MLP, init_state(seed, MLP, rk.rank))
+    ddp = rk.call(rk.impl.DDP, model, forbid=FORBID).out
+    x, _ = batch(seed, rk.rank, 9, MLP)
+    c = rk.call(ddp, x, forbid=FORBID)
+    return {"out": c.out, "comm": c.comm["collectives"], "sent": c.comm["sent_msgs"]}
+
+
+@pytest.mark.part("A")
+def test_forward_is_the_modules_and_communicates_nothing(impl, seed):
+    results = run_ranks(body_forward, 2, seed, impl=impl, timeout=T)
+    state = init_state(seed, MLP, 0)
+    for rank, res in enumerate(results):
+        assert not res["comm"] and not res["sent"], f"rank {rank}: forward communicated {res['comm']}: it returns " \
+                                                   "self.module(*args, **kwargs) and sends nothing"
+        x, _ = batch(seed, rank, 9, MLP)
+        assert_close(res["out"], forward64({}, state, MLP, x, ()), atol=ATOL, rtol=0, what="forward output",
+                     case=f"rank {rank}")
+
+
+def _imports(tree):
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            yield from (a.name for a in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module:
+            yield node.module
+            yield from (f"{node.module}.{a.name}" for a in node.names)
+        elif isinstance(node, ast.Attribute):
+            parts = []
+            while isinstance(node, ast.Attribute):
+                parts.append(node.attr)
+                node = node.value
+            if isinstance(node, ast.Name):
+                yield ".".join([node.id] + parts[::-1])
+        elif isinstance(node, ast.Call) and getattr(node.func, "id", "") in ("__import__",) and node.args \
+                and isinstance(node.args[0], ast.Constant):
+            yield str(node.args[0].value)
+
+
+@pytest.mark.part("A")
+def test_built_from_scratch(impl, seed):
+    tree = ast.parse(source(impl))
+    names = set(_imports(tree))
+    bad = sorted(n for n in names if any(n == m or n.startswith(m + ".") for m in FORBIDDEN_MODULES)
+                 or n.split(".")[-1] in ("DistributedDataParallel", "Reducer", "_functional_collectives"))
+    assert not bad, f"the submission uses {bad[0]}: build DDP from torch.distributed collectives and autograd " \
+                    "hooks (DistributedDataParallel, Reducer, torch.distributed.algorithms, _composable and fsdp are " \
+                    "not allowed)"
+    results = train(impl, seed, 2, MLP, plan=[{}])
+    assert not any(r["torch_ddp"] for r in results), "DDP is a torch.nn.parallel.DistributedDataParallel"
+
+
+# ----------------------------------------------------------------------------- Part B
+
+CAPS = {"cap0-every-param-alone": 0.0, "cap-64B": 64 / 2**20, "cap-300B-param-larger-than-cap": 300 / 2**20,
+        "cap-1KiB": 1 / 1024, "cap-default-25MiB": 25.0}
+
+
+def body_buckets(rk, spec, caps):
+    model = rk.build_model(spec, init_state(1, spec, rk.rank))
+    return [rk.call(rk.impl.DDP, model, bucket_cap_mb=c, forbid=FORBID).out.buckets for c in caps]
+
+
+@pytest.mark.part("B")
+@pytest.mark.points(3)
+def test_bucket_partition_reverse_order_cap_and_dtype(impl):
+    caps = list(CAPS.values())
+    got = run_ranks(body_buckets, 1, WIDE, caps, impl=impl, timeout=T)[0]
+    for (label, cap), g in zip(CAPS.items(), got):
+        want = expected_buckets(WIDE, cap)
+        if not isinstance(g, list) or not all(isinstance(b, list) for b in g):
+            raise AssertionError(f"self.buckets is {type(g).__name__}: a list of lists of parameter names")
+        dtypes = {n: dt for n, _, dt in trainable(WIDE)}
+        mixed = next((b for b in g if len({dtypes.get(n) for n in b}) > 1), None)
+        if mixed is not None:
+            raise AssertionError(f"bucket {mixed} mixes float32 and float64 gradients ({label}): a parameter of "
+                                 "another dtype closes the bucket and opens a new one (each element is sent in its "
+                                 "own dtype)")
+        if [sorted(b) for b in g] == [sorted(b) for b in reversed(want)] and len(want) > 1:
+            raise AssertionError(f"buckets in forward order ({label}): the contract builds them in reverse "
+                                 "module.parameters() order (backward produces the last layers' gradients first)")
+        assert [set(b) for b in g] == [set(b) for b in want], (
+            f"self.buckets with bucket_cap_mb={cap:g} ({label}):\n  got      {g}\n  expected {want}\n(one pass in "
+            "reverse parameter order; a bucket closes when the next gradient would take it past the cap or has "
+            "another dtype; a parameter larger than the cap is alone; frozen parameters are in no bucket)")
+
+
+@pytest.mark.part("B")
+@pytest.mark.points(3)
+@pytest.mark.parametrize("W, cap", [(2, 0.0), (3, 0.0005), (2, 25.0)], ids=["W2-cap0", "W3-cap512B", "W2-one-bucket"])
+def test_one_async_collective_per_bucket_each_element_once(W, cap, impl, seed):
+    results = train(impl, seed, W, WIDE, cap=cap, plan=[{}] * 2)
+    want = expected_buckets(WIDE, cap)
+    for rank, res in enumerate(results):
+        for i, step in enumerate(res["steps"]):
+            check_once_per_bucket(step, want, WIDE, W, rank, i)
+    check_training(results, seed, WIDE, W, [{}] * 2)
+
+
+@pytest.mark.part("B")
+@pytest.mark.points(3)
+@pytest.mark.parametrize("W, cap", [(2, 0.0), (2, 0.0005), (4, 0.0)], ids=["W2-cap0", "W2-cap512B", "W4-cap0"])
+def test_buckets_launched_during_backward(W, cap, impl, seed):
+    results = train(impl, seed, W, WIDE, cap=cap, plan=[{}] * 2)
+    want = expected_buckets(WIDE, cap)
+    for rank, res in enumerate(results):
+        for i, step in enumerate(res["steps"]):
+            check_once_per_bucket(step, want, WIDE, W, rank, i)
+            check_overlap(step, want, W, rank, i)
+
+
+# ----------------------------------------------------------------------------- Part C
+
+NO_SYNC = [{"no_sync": True}, {"no_sync": True}, {}, {"no_sync": True}, {}]
+
+
+@pytest.mark.part("C")
+@pytest.mark.points(2)
+@pytest.mark.parametrize("W", [2, 3], ids=lambda w: f"W{w}")
+def test_no_sync_sends_nothing_and_the_next_backward_averages_the_sum(W, impl, seed):
+    results = train(impl, seed, W, MLP, cap=0.0005, plan=NO_SYNC)
+    for rank, res in enumerate(results):
+        for i, (p, step) in enumerate(zip(NO_SYNC, res["steps"])):
+            if p.get("no_sync"):
+                sent = launches(step["events"]) or [e for e in step["events"] if e["k"] in ("send", "recv")]
+                assert not sent, f"W={W}, rank {rank}, backward {i}: inside no_sync() the DDP communicated " \
+                                 f"({sent[0].get('op', sent[0]['k'])}): accumulate locally, send nothing"
+    check_training(results, seed, MLP, W, NO_SYNC)
+
+
+UNUSED = [{"skip": {0: ["b"]}}, {"skip": {1: ["b", "c"]}}, {"skip": {r: ["c"] for r in range(4)}}, {}]
+
+
+@pytest.mark.part("C")
+@pytest.mark.points(2)
+@pytest.mark.parametrize("W, cap", [(2, 0.0), (3, 0.0005), (2, 25.0)], ids=["W2-cap0", "W3-cap512B", "W2-one-bucket"])
+def test_unused_parameters_complete_without_a_hang(W, cap, impl, seed):
+    results = train(impl, seed, W, WIDE, cap=cap, plan=UNUSED, timeout=T_HANG)
+    want = expected_buckets(WIDE, cap)
+    for rank, res in enumerate(results):
+        for i, step in enumerate(res["steps"]):
+            check_once_per_bucket(step, want, WIDE, W, rank, i)
+    check_training(results, seed, WIDE, W, UNUSED)
+
+
+ACCUMULATED = [{"no_sync": True}, {"skip": {1: ["b"]}}, {"no_sync": True, "skip": {0: ["c"]}}, {"skip": {0: ["c"]}}]
+
+
+@pytest.mark.part("C")
+@pytest.mark.parametrize("W", [2, 3], ids=lambda w: f"W{w}")
+def test_an_unused_parameter_contributes_its_accumulated_gradient(W, impl, seed):
+    results = train(impl, seed, W, WIDE, cap=0.0005, plan=ACCUMULATED, timeout=T_HANG)
+    check_training(results, seed, WIDE, W, ACCUMULATED)

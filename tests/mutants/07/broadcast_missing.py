@@ -1,0 +1,4 @@
+"""No broadcast at construction: every rank keeps its own initial weights.
+Caught by: test_ranks_start_from_rank_0_parameters_and_buffers[W2] ("is its own after construction")."""
+SELECT = 'test_ranks_start_from_rank_0_parameters_and_buffers and W2'
+MUTATE = [("                dist.broadcast(t, group_src=0, group=group)\n", "                pass\n")]
