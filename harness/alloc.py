@@ -32,6 +32,10 @@ class AllocationTracker(TorchDispatchMode):
       ``c10d_sent_bytes`` bytes of the tensors passed to the c10d ``send`` dispatcher op
                      (what ``dist.send``/``isend`` end in, also when called as
                      ``torch.ops.c10d.send``);
+      ``c10d_calls`` in order, ``(op, elements)`` of every collective dispatcher op
+                     (namespaces ``c10d`` and ``_c10d_functional``, waits left out):
+                     ``dist.*``, ProcessGroup methods, ``torch.distributed.nn`` and
+                     functional collectives all end in one;
       ``first_nonfinite`` with ``watch_nonfinite=True``: the first op whose floating
                      output held NaN or Inf (casting NaN to an integer is undefined
                      behaviour even where it gives 0, so final outputs can hide it).
@@ -47,11 +51,20 @@ class AllocationTracker(TorchDispatchMode):
         self.largest = ""
         self.ops: set[str] = set()
         self.c10d_sent_bytes = 0
+        self.c10d_calls: list[tuple[str, int]] = []
+        self.on_c10d = None  # called with (op, elements) for each of them
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         out = func(*args, **(kwargs or {}))
         name = str(func.overloadpacket.__name__)
         self.ops.add(name)
+        if func.namespace in ("c10d", "_c10d_functional") and "wait" not in name and len(self.c10d_calls) < 10_000:
+            first = next((t for t in tree_flatten(list(args))[0] if isinstance(t, torch.Tensor)), None)
+            numel = sum(t.numel() for t in tree_flatten(args[0])[0] if isinstance(t, torch.Tensor)) \
+                if args and first is not None else 0
+            self.c10d_calls.append((name, numel))
+            if self.on_c10d is not None:
+                self.on_c10d(name, numel)
         if name == "send" and func.namespace == "c10d" and args:
             self.c10d_sent_bytes += sum(t.numel() * t.element_size() for t in tree_flatten(args[0])[0]
                                         if isinstance(t, torch.Tensor))

@@ -86,13 +86,17 @@ class Step:
     model after backward and after the step), ``comm`` (the counter's report), ``events``
     (its ordered log: ``ready`` (a gradient accumulated, ``p`` its name), ``launch`` (a
     collective: ``op``, ``numel``, ``dtype``, ``async_op``), ``send``/``recv``, ``wait``
-    (``Work.wait``/``Future.wait``), ``forward_done``, ``backward_done``) and ``m``."""
+    (``Work.wait``/``Future.wait``), ``c10d`` (a collective dispatcher op: ``op``, ``numel``;
+    however it was reached), ``forward_done``, ``backward_done``) and ``m``; with
+    ``input_grads``: ``out`` and ``input_grads`` (per argument, None for a non-tensor)."""
 
     grads: dict
     params: dict
     comm: dict
     events: list
     m: Any
+    out: Any = None
+    input_grads: list | None = None
 
 
 class RankProxy:
@@ -111,11 +115,13 @@ class RankProxy:
         """The grader's own progress note for this rank (shown if the run times out)."""
         self.last_note = str(msg)[:300]
 
-    def call(self, fn, *args, forbid_collectives=(), forbid=(), alloc: bool = False, **kwargs) -> Call:
+    def call(self, fn, *args, forbid_collectives=(), forbid=(), alloc: bool = False, c10d: bool = False,
+             **kwargs) -> Call:
         """``fn(*args, **kwargs)`` on this rank under the communication counter;
         ``forbid_collectives`` (names from ``COLLECTIVES``) raise in the rank and are
-        recorded even if swallowed; ``forbid``: dotted names as in ``measure``."""
-        opts = {"alloc": alloc, "ops": alloc or bool(forbid_collectives), "comm": True,
+        recorded even if swallowed; ``forbid``: dotted names as in ``measure``; ``c10d``:
+        also log every collective dispatcher op (``c10d`` events, see :class:`Step`)."""
+        opts = {"alloc": alloc, "ops": alloc or c10d or bool(forbid_collectives), "comm": True,
                 "comm_forbid": list(forbid_collectives),
                 "forbid": list(forbid), "return_args": True}
         value, figures, outside = _sb.run_probe("measure", target=fn, args=list(args), kwargs=kwargs, opts=opts,
@@ -140,12 +146,21 @@ class RankProxy:
         """``obj.state_dict()`` on this rank (``obj`` a handle), as detached copies."""
         return _sb.run_probe("state", target=obj, what=f"rank {self.rank}: reading the state")[0]
 
+    def build_linear(self, weight: torch.Tensor, bias: torch.Tensor | None):
+        """A ``torch.nn.Linear`` holding copies of ``weight (out, in)`` and ``bias (out,)`` (or
+        None), built on this rank; returns a handle to it."""
+        return _sb.run_probe("build_linear", on=self.impl, weight=weight, bias=bias,
+                             what=f"rank {self.rank}: building a linear layer")[0]
+
     def backward(self, fn, model, *args, grad_output, no_sync: bool = False, lr: float | None = None,
-                 forbid=(), forbid_collectives=(), **kwargs) -> "Step":
+                 input_grads: bool = False, forbid=(), forbid_collectives=(), **kwargs) -> "Step":
         """One training step on this rank (see ``probes.probe_backward``): ``fn(*args, **kwargs)``
         backward with ``grad_output`` (inside ``fn.no_sync()`` if ``no_sync``), then SGD with
-        ``lr`` on ``model`` (a :meth:`build_model` handle). Returns a :class:`Step`."""
-        opts = {"no_sync": bool(no_sync), "lr": lr, "forbid": list(forbid), "comm_forbid": list(forbid_collectives)}
+        ``lr`` on ``model`` (a handle to an ``nn.Module``). With ``input_grads`` the floating
+        tensor arguments require grad, and the Step carries ``out`` and their gradients
+        (``input_grads``; no SGD). Returns a :class:`Step`."""
+        opts = {"no_sync": bool(no_sync), "lr": lr, "forbid": list(forbid), "comm_forbid": list(forbid_collectives),
+                "input_grads": bool(input_grads)}
         value, figures, outside = _sb.run_probe("backward", target=fn, model=model, args=list(args), kwargs=kwargs,
                                                 grad_output=grad_output, opts=opts,
                                                 what=f"rank {self.rank}: a training step of {getattr(fn, '_short', fn)}")
@@ -160,7 +175,8 @@ class RankProxy:
         if comm["forbidden"]:
             raise AssertionError(f"rank {self.rank} called {', '.join(sorted(set(comm['forbidden'])))}: the "
                                  "contract forbids it here")
-        return Step(value["grads"], value["params"], comm, comm.get("events", []), m)
+        return Step(value["grads"], value["params"], comm, comm.get("events", []), m, value.get("out"),
+                    value.get("input_grads"))
 
     def keep(self, value):
         """Send ``value`` to this rank and keep it there; returns a handle to it."""

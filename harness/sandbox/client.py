@@ -683,7 +683,7 @@ def _comm_report(c) -> dict:
     return out
 
 
-_EVENT_KINDS = {"launch", "send", "recv", "wait", "ready", "forward_done", "backward_done"}
+_EVENT_KINDS = {"launch", "c10d", "send", "recv", "wait", "ready", "forward_done", "backward_done"}
 
 
 def _events(raw) -> list[dict]:

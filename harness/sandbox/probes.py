@@ -473,7 +473,8 @@ def _figures(tracker, counter, seen, comm) -> dict:
     extra = {"forbidden": sorted(set(seen))}
     if tracker is not None:
         extra.update(max_numel=tracker.max_numel, max_bytes=tracker.max_bytes, total_bytes=tracker.total_bytes,
-                     largest=tracker.largest, ops=sorted(tracker.ops), nonfinite=tracker.first_nonfinite)
+                     largest=tracker.largest, ops=sorted(tracker.ops), nonfinite=tracker.first_nonfinite,
+                     c10d=[list(c) for c in tracker.c10d_calls])
     if counter is not None:
         extra["flops"] = int(counter.get_total_flops())
     if comm is not None:
@@ -500,7 +501,10 @@ def _watched(module, opts: dict):
             from torch.utils.flop_counter import FlopCounterMode
             counter = stack.enter_context(FlopCounterMode(display=False))
         if opts.get("alloc", True) or opts.get("ops", True) or opts.get("nonfinite"):
-            tracker = stack.enter_context(AllocationTracker(watch_nonfinite=bool(opts.get("nonfinite"))))
+            tracker = AllocationTracker(watch_nonfinite=bool(opts.get("nonfinite")))
+            if comm is not None:  # every collective dispatcher op, in the counter's ordered log too
+                tracker.on_c10d = lambda op, numel: comm.event("c10d", op=op, numel=numel)
+            stack.enter_context(tracker)
         t0 = _perf_counter()
         with guarded():
             yield box
@@ -858,6 +862,17 @@ def probe_build_model(module, spec, state):
     return net, {"keep": True}
 
 
+def probe_build_linear(module, weight, bias):
+    """A ``torch.nn.Linear`` holding copies of ``weight (out, in)`` and ``bias (out,)`` (or
+    None), kept on this rank (a layer the submission shards)."""
+    lin = torch.nn.Linear(weight.shape[1], weight.shape[0], bias=bias is not None, dtype=weight.dtype)
+    with torch.no_grad():
+        lin.weight.copy_(weight)
+        if bias is not None:
+            lin.bias.copy_(bias)
+    return lin, {"keep": True}
+
+
 def probe_state(module, target):
     """``target.state_dict()`` (parameters and buffers), detached copies."""
     return {k: v.detach().clone() for k, v in target.state_dict().items()}, {}
@@ -867,10 +882,15 @@ def probe_backward(module, target, model, args, kwargs, grad_output, opts):
     """One training step of ``target`` (e.g. a data-parallel wrapper of ``model``) under the
     communication counter: ``out = target(*args, **kwargs)``, ``out.backward(grad_output)``
     (inside ``target.no_sync()`` when ``opts["no_sync"]``), then, with ``opts["lr"]``, a plain
-    SGD step on ``model``'s parameters and their gradients set to None. The counter's event
+    SGD step on ``model``'s parameters (None: no model) and their gradients set to None. With
+    ``opts["input_grads"]`` the floating tensor arguments require grad and the value also
+    holds ``out`` and their ``input_grads`` (no SGD step). The counter's event
     log gets ``forward_done`` and ``backward_done`` marks. ``opts``: ``forbid`` (dotted names
     as in ``measure``), ``comm_forbid``. Value: ``{"grads", "params"}`` of ``model`` (name to
     tensor; a gradient None where it has none) after backward and after the step."""
+    if opts.get("input_grads"):
+        args = [a.detach().requires_grad_(True) if isinstance(a, torch.Tensor) and a.is_floating_point() else a
+                for a in args]
     with _watched(module, {"comm": True, "comm_forbid": opts.get("comm_forbid", ()), "forbid": opts.get("forbid", []),
                            "alloc": False, "ops": True}) as box:
         counter = _ACTIVE[-1]
@@ -879,7 +899,12 @@ def probe_backward(module, target, model, args, kwargs, grad_output, opts):
             counter.event("forward_done")
             torch.autograd.backward(out, grad_output)
         counter.event("backward_done")
-    grads = {n: None if p.grad is None else p.grad.detach().clone() for n, p in model.named_parameters()}
+    named = list(model.named_parameters()) if model is not None else []
+    grads = {n: None if p.grad is None else p.grad.detach().clone() for n, p in named}
+    if opts.get("input_grads"):
+        return {"grads": grads, "params": {n: p.detach().clone() for n, p in named}, "out": detach_tree(out),
+                "input_grads": [a.grad.detach().clone() if isinstance(a, torch.Tensor) and a.grad is not None
+                                else None for a in args]}, box
     lr = opts.get("lr")
     if lr:
         with torch.no_grad():
