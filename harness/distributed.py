@@ -130,7 +130,10 @@ class RankProxy:
         if not (isinstance(value, dict) and isinstance(value.get("args"), list)
                 and isinstance(value.get("same"), list) and len(value["args"]) == len(args)):
             raise SandboxError("the implementation's process sent a malformed call report")
-        comm = m.comm or {"forbidden": ["<no report>"], "collectives": {}, "sent_bytes": 1 << 62}
+        comm = m.comm or {"forbidden": ["<no report>"], "collectives": {}, "sent_bytes": 1 << 62, "events": []}
+        if m.forbidden_called:  # a forbidden name called, even where the error was swallowed
+            raise AssertionError(f"rank {self.rank} called {', '.join(sorted(set(m.forbidden_called)))}: the "
+                                 "contract forbids it")
         if comm["forbidden"]:  # even where the call went on (an error swallowed, a c10d op seen afterwards)
             raise AssertionError(f"rank {self.rank} called {', '.join(sorted(set(comm['forbidden'])))}: the contract "
                                  "forbids collectives here (point-to-point send/recv only)")
@@ -141,6 +144,18 @@ class RankProxy:
         on this rank; returns a handle to it."""
         return _sb.run_probe("build_model", on=self.impl, spec=spec, state=state,
                              what=f"rank {self.rank}: building the model")[0]
+
+    def stage_stats(self, model, reset: bool = False) -> dict | None:
+        """What a watched :class:`TrainNet` (``spec["watch"]``) on this rank saw: ``rows`` (of
+        each call's input), ``actions`` (``["F", call]`` / ``["B", call]`` in order: a forward
+        call, the start of its backward), ``peak_held`` (most calls holding saved tensors at
+        once) and ``held`` (now). ``reset`` clears them (before a call)."""
+        return _sb.run_probe("stage_stats", target=model, reset=reset, what=f"rank {self.rank}: reading the stage")[0]
+
+    def torch_function(self, name: str):
+        """A handle to a trusted torch function on this rank (``probes.TORCH_FUNCTIONS``, e.g.
+        ``"torch.nn.functional.mse_loss"``), to pass to the submission."""
+        return _sb.run_probe("torch_function", on=self.impl, dotted=name, what=f"rank {self.rank}: {name}")[0]
 
     def state(self, obj) -> dict:
         """``obj.state_dict()`` on this rank (``obj`` a handle), as detached copies."""

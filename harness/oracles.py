@@ -1,6 +1,7 @@
 """Reference computations (oracles) that graders compare against, in float64.
 
-Shared by labs 03, 04 and 05; graders never copy them.
+Shared by labs 03, 04 and 05 (attention) and 07 and 09 (the trusted training model);
+graders never copy them.
 """
 from __future__ import annotations
 
@@ -42,3 +43,21 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, is_causal: bool
     l = p.sum(dim=-1, keepdim=True)
     out = (p @ v) / torch.where(l == 0, torch.ones_like(l), l)
     return out, (m + torch.log(l)).squeeze(-1)
+
+
+def train_net(params: dict, spec: dict, x: torch.Tensor, skip=()) -> torch.Tensor:
+    """``TrainNet(spec)`` (``harness.sandbox.probes``) in float64, functionally: ``params``
+    maps ``layers.<name>.weight`` / ``.bias`` / ``scale`` to tensors (autograd leaves to
+    differentiate); the layers named in ``skip`` are left out; tanh between layers; a spec
+    with no layers is ``tanh`` (a stage without parameters). Input ``(..., in)``, output
+    ``(..., out)`` float64."""
+    h = x.double()
+    if not spec["layers"]:
+        return torch.tanh(h)
+    names = [L["name"] for L in spec["layers"] if L["name"] not in skip]
+    for i, n in enumerate(names):
+        b = params.get(f"layers.{n}.bias")
+        h = h @ params[f"layers.{n}.weight"].double().T + (b.double() if b is not None else 0)
+        if i < len(names) - 1:
+            h = torch.tanh(h)
+    return h * params["scale"].double()

@@ -19,7 +19,7 @@ Sandbox calls and probes (``harness.sandbox``; student code runs only in the wor
   ``resident_bytes``, ``SandboxError``
 
 Oracles, in float64 (``harness.oracles``)
-  ``attention``, ``causal_mask``
+  ``attention``, ``causal_mask``, ``train_net`` (``TrainNet`` in float64)
 
 Ranks of the multi-rank labs (``harness.distributed``)
   ``run_ranks`` (``harness.distributed.run``: ``body(rk, ...)`` on W sandboxed
@@ -37,7 +37,7 @@ from .alloc import AllocationTracker
 from .bench import attention_flops, geomean
 from .distributed import DATA_COLLECTIVES, RankError, RankTimeout, Step, View
 from .distributed import run as run_ranks
-from .oracles import attention, causal_mask
+from .oracles import attention, causal_mask, train_net
 from .sandbox import (SandboxError, call_views, fill_held, gradcheck, held_bytes, held_storages, is_instance,
                       is_remote, measure, param_grads, resident_bytes, restart, saved_tensors, source, timed, vjp,
                       watch_storages)
@@ -54,7 +54,7 @@ __all__ = [
     "saved_tensors", "call_views", "fill_held", "held_bytes", "held_storages", "watch_storages", "resident_bytes",
     "SandboxError",
     # oracles
-    "attention", "causal_mask",
+    "attention", "causal_mask", "train_net",
     # ranks
     "run_ranks", "View", "DATA_COLLECTIVES", "C10D_OPS", "RankError", "RankTimeout", "Step", "TrainNet",
     # bench and allocations

@@ -24,7 +24,7 @@ import math
 import pytest
 import torch
 
-from harness.toolkit import assert_close, is_instance, run_ranks, source
+from harness.toolkit import assert_close, is_instance, run_ranks, source, train_net
 
 T = 60.0
 T_HANG = 25.0  # the unused-parameter cases: an honest run takes ~1 s; a DDP that never launches a bucket hangs
@@ -125,15 +125,8 @@ def train(impl, seed, W, spec=MLP, cap=25.0, plan=({},) * 3, groups=None, timeou
 # ----------------------------------------------------------------------------- the oracle
 
 def forward64(params, state, spec, x, skip):
-    h = x.double()
-    names = [L["name"] for L in spec["layers"] if L["name"] not in skip]
-    for i, n in enumerate(names):
-        w = params.get(f"layers.{n}.weight", state[f"layers.{n}.weight"].double())
-        b = params.get(f"layers.{n}.bias", state.get(f"layers.{n}.bias"))
-        h = h @ w.T + (b.double() if b is not None else 0)
-        if i < len(names) - 1:
-            h = torch.tanh(h)
-    return h * state["scale"].double()
+    """The model in float64: ``params`` (trainable leaves) over ``state`` (frozen layers, ``scale``)."""
+    return train_net({**{k: v.double() for k, v in state.items()}, **params}, spec, x, skip)
 
 
 def oracle(seed, spec, W, plan, ranks=None):

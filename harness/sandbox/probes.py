@@ -826,6 +826,7 @@ class TrainNet(torch.nn.Module):
 
     def __init__(self, spec: dict):
         super().__init__()
+        self.watch = bool(spec.get("watch"))
         self.layers = torch.nn.ModuleDict()
         for L in spec["layers"]:
             lin = torch.nn.Linear(int(L["in"]), int(L["out"]), bias=bool(L.get("bias", True)),
@@ -833,12 +834,28 @@ class TrainNet(torch.nn.Module):
             if L.get("frozen"):
                 lin.requires_grad_(False)
             self.layers[L["name"]] = lin
-        self.register_buffer("scale", torch.ones(int(spec["layers"][-1]["out"])))
+        if spec["layers"]:
+            self.register_buffer("scale", torch.ones(int(spec["layers"][-1]["out"])))
         for name, p in self.named_parameters():
             if p.requires_grad:
                 p.register_post_accumulate_grad_hook(_ready_event(name))
 
     def forward(self, x, skip=()):
+        if not self.watch:
+            return self._forward(x, skip)
+        stats = _STAGE_STATS.setdefault(id(self), _stage_stats())
+        call = len(stats["rows"])
+        stats["rows"].append(int(x.shape[0]) if x.dim() else 0)
+        stats["actions"].append(["F", call])
+        with torch.autograd.graph.saved_tensors_hooks(lambda t: _Saved(t, stats, call), _Saved.unpack):
+            y = self._forward(x, skip)
+        if y.requires_grad:
+            y.register_hook(_backward_mark(stats, call))
+        return y
+
+    def _forward(self, x, skip):
+        if not self.layers:  # a stage without parameters
+            return torch.tanh(x)
         names = [n for n in self.layers if n not in skip]
         for i, n in enumerate(names):
             lin = self.layers[n]
@@ -846,6 +863,70 @@ class TrainNet(torch.nn.Module):
             if i < len(names) - 1:
                 x = torch.tanh(x)
         return x.to(torch.float32) * self.scale
+
+
+# Pipeline stages (``spec["watch"]``): per TrainNet, its calls (rows of each input), the order of
+# forward calls and backward starts (the hook on each call's output), and how many calls hold
+# saved tensors (from the first tensor autograd saves in the call until autograd frees the last).
+_STAGE_STATS: dict = {}
+
+
+def _stage_stats() -> dict:
+    return {"rows": [], "actions": [], "live": {}, "held": 0, "peak_held": 0}
+
+
+def _backward_mark(stats, call):
+    def mark(grad):
+        stats["actions"].append(["B", call])
+    return mark
+
+
+class _Saved:
+    """A tensor autograd saved during one watched call; counts the call as held while alive."""
+
+    __slots__ = ("t", "stats", "call", "__weakref__")
+
+    def __init__(self, t, stats, call):
+        self.t, self.stats, self.call = t, stats, call
+        live = stats["live"]
+        live[call] = live.get(call, 0) + 1
+        if live[call] == 1:
+            stats["held"] += 1
+            stats["peak_held"] = max(stats["peak_held"], stats["held"])
+
+    @staticmethod
+    def unpack(saved):
+        return saved.t
+
+    def __del__(self):
+        live = self.stats["live"]
+        live[self.call] -= 1
+        if not live[self.call]:
+            self.stats["held"] -= 1
+
+
+def probe_stage_stats(module, target, reset=False):
+    """What the watched TrainNet ``target`` saw (see ``_STAGE_STATS``): ``rows``, ``actions``
+    (``["F", call]``, ``["B", call]`` in order), ``peak_held``, ``held`` (now, after a collection);
+    ``reset``: start afresh (before a call)."""
+    if reset:
+        _STAGE_STATS[id(target)] = _stage_stats()
+        return None, {}
+    _gc_collect()
+    st = _STAGE_STATS.get(id(target), _stage_stats())
+    return {k: v for k, v in st.items() if k != "live"}, {}
+
+
+TORCH_FUNCTIONS = {"torch.nn.functional.mse_loss": torch.nn.functional.mse_loss,
+                   "torch.nn.functional.cross_entropy": torch.nn.functional.cross_entropy}
+
+
+def probe_torch_function(module, dotted):
+    """A handle to one of ``TORCH_FUNCTIONS`` (bound before the submission is imported), e.g.
+    a loss function a grader passes to the submission."""
+    if dotted not in TORCH_FUNCTIONS:
+        raise ValueError(f"{dotted!r} is not one of {sorted(TORCH_FUNCTIONS)}")
+    return TORCH_FUNCTIONS[dotted], {"keep": True}
 
 
 def _ready_event(name: str):
