@@ -20,6 +20,10 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
 
+C10D_NAMESPACES = ("c10d", "_c10d_functional", "_c10d_functional_autograd")
+C10D_NOT_COLLECTIVES = ("_wrap_tensor_autograd",)  # besides the waits: functional plumbing, no message
+
+
 class AllocationTracker(TorchDispatchMode):
     """Record allocations made by ATen ops while active.
 
@@ -33,7 +37,7 @@ class AllocationTracker(TorchDispatchMode):
                      (what ``dist.send``/``isend`` end in, also when called as
                      ``torch.ops.c10d.send``);
       ``c10d_calls`` in order, ``(op, elements)`` of every collective dispatcher op
-                     (namespaces ``c10d`` and ``_c10d_functional``, waits left out):
+                     (``C10D_NAMESPACES``; waits and ``C10D_NOT_COLLECTIVES`` left out):
                      ``dist.*``, ProcessGroup methods, ``torch.distributed.nn`` and
                      functional collectives all end in one;
       ``first_nonfinite`` with ``watch_nonfinite=True``: the first op whose floating
@@ -58,7 +62,8 @@ class AllocationTracker(TorchDispatchMode):
         out = func(*args, **(kwargs or {}))
         name = str(func.overloadpacket.__name__)
         self.ops.add(name)
-        if func.namespace in ("c10d", "_c10d_functional") and "wait" not in name and len(self.c10d_calls) < 10_000:
+        if func.namespace in C10D_NAMESPACES and name not in C10D_NOT_COLLECTIVES and "wait" not in name \
+                and len(self.c10d_calls) < 10_000:
             first = next((t for t in tree_flatten(list(args))[0] if isinstance(t, torch.Tensor)), None)
             numel = sum(t.numel() for t in tree_flatten(args[0])[0] if isinstance(t, torch.Tensor)) \
                 if args and first is not None else 0

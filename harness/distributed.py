@@ -157,6 +157,11 @@ class RankProxy:
         ``"torch.nn.functional.mse_loss"``), to pass to the submission."""
         return _sb.run_probe("torch_function", on=self.impl, dotted=name, what=f"rank {self.rank}: {name}")[0]
 
+    def wraps(self, wrapper, model) -> dict:
+        """Whether ``wrapper`` (a handle) holds ``model`` (a :meth:`build_model` handle) itself:
+        ``{"module", "same_params", "same_buffers"}`` (see ``probes.probe_wraps``)."""
+        return _sb.run_probe("wraps", target=wrapper, model=model, what=f"rank {self.rank}: inspecting the wrapper")[0]
+
     def state(self, obj) -> dict:
         """``obj.state_dict()`` on this rank (``obj`` a handle), as detached copies."""
         return _sb.run_probe("state", target=obj, what=f"rank {self.rank}: reading the state")[0]

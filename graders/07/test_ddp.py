@@ -108,7 +108,8 @@ def body_train(rk, seed, spec, cap, plan, groups=None):
     c = rk.call(rk.impl.DDP, model, bucket_cap_mb=cap, group=group, forbid=FORBID)
     ddp = c.out
     out = {"construct": c.comm["collectives"], "buckets": ddp.buckets, "torch_ddp": is_instance(
-        ddp, torch.nn.parallel.DistributedDataParallel), "state0": rk.state(model), "steps": []}
+        ddp, torch.nn.parallel.DistributedDataParallel), "wraps": rk.wraps(ddp, model), "state0": rk.state(model),
+        "steps": []}
     for step, p in enumerate(plan):
         x, go = batch(seed, rk.rank, step, spec)
         skip = p.get("skip", {}).get(rk.rank, [])
@@ -218,6 +219,11 @@ def check_once_per_bucket(step, buckets, spec, W, rank, step_no):
                                    "module's and sends nothing"
     dims = {n: (math.prod(s), str(dt).removeprefix("torch.")) for n, s, dt in trainable(spec)}
     got = launches(ev)
+    c10d = [e for e in ev if e["k"] == "c10d"]
+    assert len(c10d) == len(got), (
+        f"{case}: {len(got)} collective call(s) seen through torch.distributed but {len(c10d)} collective "
+        "dispatcher op(s) ran: every collective goes through torch.distributed (no counter tampering, no op "
+        "reached past it)")
     if W == 1 and not got:
         return
     assert len(got) == len(buckets), (
@@ -235,15 +241,21 @@ def check_once_per_bucket(step, buckets, spec, W, rank, step_no):
                                   "at the end of backward"
 
 
-def check_overlap(step, buckets, W, rank, step_no):
+def check_overlap(step, buckets, W, rank, step_no, skip=()):
     """Bucket i is launched before the next gradient is ready once buckets 0..i are complete;
-    no wait happens before the last gradient is ready."""
+    no wait happens before the last gradient is ready. Every parameter of a layer not in
+    ``skip`` must report its gradient ready (the model's own hooks, registered first: a DDP
+    that removes them, or replaces the parameters, is refused here)."""
     case = f"W={W}, rank {rank}, backward {step_no}"
     ev = step["events"]
     ready_at = {}
     for i, e in enumerate(ev):
         if e["k"] == "ready":
             ready_at.setdefault(e["p"], i)
+    silent = [n for b in buckets for n in b if n.split(".")[1] not in skip and n not in ready_at]
+    assert not silent, (f"{case}: the model's gradient-ready hooks did not fire for {', '.join(silent[:3])}: the DDP "
+                        "removed the model's hooks or replaced its parameters (keep the same Parameter objects, "
+                        "register your hooks beside the existing ones)")
     ready_idx = sorted(ready_at.values())
     last_ready = ready_idx[-1] if ready_idx else -1
     launch_idx = [i for i, e in enumerate(ev) if e["k"] == "launch"]
@@ -286,6 +298,11 @@ def test_ranks_start_from_rank_0_parameters_and_buffers(W, impl, seed):
     results = train(impl, seed, W, WIDE, cap=25.0, plan=[])
     want = init_state(seed, WIDE, 0)
     for rank, res in enumerate(results):
+        w = res["wraps"]
+        assert w["module"], f"rank {rank}: ddp.module is not the wrapped module (a registered submodule, the same object)"
+        assert w["same_params"] and w["same_buffers"], (
+            f"rank {rank}: the wrapped module's parameters or buffers were replaced by new objects: overwrite them in "
+            "place (an optimizer built before wrapping must stay valid)")
         for k, w in want.items():
             got = res["state0"][k]
             if rank and torch.equal(got, init_state(seed, WIDE, rank)[k]):
@@ -362,6 +379,8 @@ def _imports(tree):
         elif isinstance(node, ast.ImportFrom) and node.module:
             yield node.module
             yield from (f"{node.module}.{a.name}" for a in node.names)
+        elif isinstance(node, ast.Name):
+            yield node.id
         elif isinstance(node, ast.Attribute):
             parts = []
             while isinstance(node, ast.Attribute):
@@ -379,7 +398,9 @@ def test_built_from_scratch(impl, seed):
     tree = ast.parse(source(impl))
     names = set(_imports(tree))
     bad = sorted(n for n in names if any(n == m or n.startswith(m + ".") for m in FORBIDDEN_MODULES)
-                 or n.split(".")[-1] in ("DistributedDataParallel", "Reducer", "_functional_collectives"))
+                 or n.split(".")[-1] in ("DistributedDataParallel", "Reducer") or n.split(".")[0] == "harness"
+                 or any(part in ("_post_accumulate_grad_hooks", "_backward_hooks", "_ACTIVE", "_depth")
+                        for part in n.split(".")))
     assert not bad, f"the submission uses {bad[0]}: build DDP from torch.distributed collectives and autograd " \
                     "hooks (DistributedDataParallel, Reducer, torch.distributed.algorithms, _composable and fsdp are " \
                     "not allowed)"
@@ -390,7 +411,10 @@ def test_built_from_scratch(impl, seed):
 # ----------------------------------------------------------------------------- Part B
 
 CAPS = {"cap0-every-param-alone": 0.0, "cap-64B": 64 / 2**20, "cap-300B-param-larger-than-cap": 300 / 2**20,
-        "cap-1KiB": 1 / 1024, "cap-default-25MiB": 25.0}
+        "cap-1KiB": 1 / 1024, "cap-default-25MiB": 25.0, "cap-144B-exactly-a-bucket": 144 / 2**20,
+        "int-cap-0": 0, "int-cap-25": 25, "cap-inf": float("inf")}
+# a first layer over 1 MiB (torch's DDP caps its first bucket at 1 MiB; the contract has no smaller first bucket)
+BIG = {"layers": [layer("big", 600, 600), layer("head", 600, 4)]}
 
 
 def body_buckets(rk, spec, caps):
@@ -403,6 +427,11 @@ def body_buckets(rk, spec, caps):
 def test_bucket_partition_reverse_order_cap_and_dtype(impl):
     caps = list(CAPS.values())
     got = run_ranks(body_buckets, 1, WIDE, caps, impl=impl, timeout=T)[0]
+    big = run_ranks(body_buckets, 1, BIG, [25.0], impl=impl, timeout=T)[0][0]
+    want_big = expected_buckets(BIG, 25.0)
+    assert [set(b) for b in big] == [set(b) for b in want_big], (
+        f"self.buckets of a model whose first gradients are over 1 MiB, bucket_cap_mb=25:\n  got      {big}\n"
+        f"  expected {want_big}\n(no smaller first bucket: every bucket has the same cap)")
     for (label, cap), g in zip(CAPS.items(), got):
         want = expected_buckets(WIDE, cap)
         if not isinstance(g, list) or not all(isinstance(b, list) for b in g):
@@ -417,7 +446,7 @@ def test_bucket_partition_reverse_order_cap_and_dtype(impl):
             raise AssertionError(f"buckets in forward order ({label}): the contract builds them in reverse "
                                  "module.parameters() order (backward produces the last layers' gradients first)")
         assert [set(b) for b in g] == [set(b) for b in want], (
-            f"self.buckets with bucket_cap_mb={cap:g} ({label}):\n  got      {g}\n  expected {want}\n(one pass in "
+            f"self.buckets with bucket_cap_mb={cap!r} ({label}):\n  got      {g}\n  expected {want}\n(one pass in "
             "reverse parameter order; a bucket closes when the next gradient would take it past the cap or has "
             "another dtype; a parameter larger than the cap is alone; frozen parameters are in no bucket)")
 
@@ -458,6 +487,8 @@ def test_no_sync_sends_nothing_and_the_next_backward_averages_the_sum(W, impl, s
     results = train(impl, seed, W, MLP, cap=0.0005, plan=NO_SYNC)
     for rank, res in enumerate(results):
         for i, (p, step) in enumerate(zip(NO_SYNC, res["steps"])):
+            if not p.get("no_sync"):
+                check_overlap(step, expected_buckets(MLP, 0.0005), W, rank, i)
             if p.get("no_sync"):
                 sent = launches(step["events"]) or [e for e in step["events"] if e["k"] in ("send", "recv")]
                 assert not sent, f"W={W}, rank {rank}, backward {i}: inside no_sync() the DDP communicated " \
@@ -477,6 +508,7 @@ def test_unused_parameters_complete_without_a_hang(W, cap, impl, seed):
     for rank, res in enumerate(results):
         for i, step in enumerate(res["steps"]):
             check_once_per_bucket(step, want, WIDE, W, rank, i)
+            check_overlap(step, want, W, rank, i, skip=UNUSED[i].get("skip", {}).get(rank, []))
     check_training(results, seed, WIDE, W, UNUSED)
 
 

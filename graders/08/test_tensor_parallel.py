@@ -59,10 +59,13 @@ def qkv_rows(d, W, r):
 
 # ----------------------------------------------------------------------------- rank bodies
 
-def body_step(rk, build, layers, x, go, kwargs):
+def body_step(rk, build, layers, x, go, kwargs, members=None):
     """Builds the unsharded layers here, shards them with ``build`` (a name of the
-    implementation: ``"ColumnParallelLinear.from_linear"``, ...), runs forward and backward."""
+    implementation: ``"ColumnParallelLinear.from_linear"``, ...), runs forward and backward;
+    with ``members`` (lists of world ranks) in this rank's group of them."""
     handles = [rk.build_linear(w, b) for w, b in layers]
+    if members is not None:
+        kwargs = {**kwargs, "group": next(g for g in rk.new_groups(members) if g is not None)}
     owner, _, method = build.partition(".")
     ctor = getattr(getattr(rk.impl, owner), method) if method else getattr(rk.impl, owner)
     m = rk.call(ctor, *handles, **kwargs).out
@@ -102,11 +105,31 @@ def find_param(params: dict, want: torch.Tensor, what: str, case: str, hints=())
                          f"(parameters: {shapes})")
 
 
+def find_rows(params: dict, want: torch.Tensor, what: str, case: str, hints=()):
+    """Like :func:`find_param`, but the shard may also be several parameters whose rows, stacked,
+    are ``want`` (e.g. q, k and v kept apart): returns a list of names in row order."""
+    try:
+        return [find_param(params, want, what, case, hints)]
+    except AssertionError as first:
+        names, row = [], 0
+        while row < want.shape[0]:
+            hit = next((n for n, p in params.items() if n not in names and p.dim() == want.dim() and
+                        tuple(p.shape[1:]) == tuple(want.shape[1:]) and 0 < p.shape[0] <= want.shape[0] - row and
+                        torch.equal(p.to(want.dtype), want[row:row + p.shape[0]])), None)
+            if hit is None:
+                raise first from None
+            names.append(hit)
+            row += params[hit].shape[0]
+        return names
+
+
 def check_grad(res, name, want, what, case, W):
-    g = res["grads"].get(name)
-    if g is None:
-        raise AssertionError(f"{case}: {what} ({name}) has no gradient after backward")
-    grad_or_off_by_w(g, want, W, f"the gradient of {what} ({name})", case)
+    names = name if isinstance(name, list) else [name]
+    missing = [n for n in names if res["grads"].get(n) is None]
+    if missing:
+        raise AssertionError(f"{case}: {what} ({', '.join(missing)}) has no gradient after backward")
+    g = torch.cat([res["grads"][n] for n in names]) if len(names) > 1 else res["grads"][names[0]]
+    grad_or_off_by_w(g, want, W, f"the gradient of {what} ({', '.join(names)})", case)
 
 
 def grad_or_off_by_w(got, want, W, what, case):
@@ -117,7 +140,8 @@ def grad_or_off_by_w(got, want, W, what, case):
     if got is not None and W > 1 and got.shape == want.shape and torch.allclose(got.double() * W, want,
                                                                                  atol=ATOL * W, rtol=RTOL):
         raise AssertionError(f"{case}: {what} is 1/W of the unsharded one: a missing all-reduce (f's backward "
-                             "must sum the ranks' partial input gradients)")
+                             "must sum the ranks' partial input gradients) or a replicated tensor split over the "
+                             "ranks (e.g. bias / W added on every rank)")
     assert_close(got, want, atol=ATOL, rtol=RTOL, what=what, case=case)
 
 
@@ -306,14 +330,16 @@ def attention_ref(n_heads, causal):
     return f
 
 
-def mlp_case(impl, seed, W, d=8, hidden=16, B=2, L=3):
+def mlp_case(impl, seed, W, d=8, hidden=16, B=2, L=3, members=None):
     (w1, b1), (w2, b2) = linear_weights(seed, d, hidden, salt=2), linear_weights(seed, hidden, d, salt=3)
     x, go = torch.randn(B, L, d, generator=gen(seed, "xm")), torch.randn(B, L, d, generator=gen(seed, "gm"))
     ref, (dx, dw1, db1, dw2, db2) = vjp64(mlp_ref, [x, w1, b1, w2, b2], go)
-    res = run(impl, W, body_step, "ParallelMLP.from_mlp", [(w1, b1), (w2, b2)], x, go, {})
-    for r, out in enumerate(res):
+    world = W if members is None else sum(len(m) for m in members)
+    res = run(impl, world, body_step, "ParallelMLP.from_mlp", [(w1, b1), (w2, b2)], x, go, {}, members)
+    for g, out in enumerate(res):
+        r = g if members is None else next(m.index(g) for m in members if g in m)
         h = blocks(hidden, W, r)
-        case = f"ParallelMLP, W={W}, rank {r}"
+        case = f"ParallelMLP, W={W}, rank {r}" + ("" if members is None else f" of group {members} (world rank {g})")
         for want, grad, what in ((w1[h], dw1[h], "fc1 weight rows"), (b1[h], db1[h], "fc1 bias entries"),
                                  (w2[:, h], dw2[:, h], "fc2 weight input columns")):
             check_grad(out, find_param(out["params"], want, f"{what} [{h.start}, {h.stop})", case), grad, what, case, W)
@@ -342,9 +368,9 @@ def attention_case(impl, seed, W, causal, d=16, n_heads=4, B=2, L=5):
                   "[r*d/W, (r+1)*d/W) for j = 0, 1, 2: its heads' q, k and v)"),
                  (wq[robin], "heads assigned round-robin (rank r holds heads [r*H/W, (r+1)*H/W), in blocks)")] \
             if W > 1 else []
-        qn = find_param(out["params"], wq[rows], "qkv weight rows of this rank's heads", case, hints=hints)
+        qn = find_rows(out["params"], wq[rows], "qkv weight rows of this rank's heads", case, hints=hints)
         check_grad(out, qn, dwq[rows], "the qkv weight shard", case, W)
-        bn = find_param(out["params"], bq[rows], "qkv bias entries of this rank's heads", case)
+        bn = find_rows(out["params"], bq[rows], "qkv bias entries of this rank's heads", case)
         check_grad(out, bn, dbq[rows], "the qkv bias shard", case, W)
         cols = blocks(d, W, r)
         pn = find_param(out["params"], wp[:, cols], f"proj weight input columns [{cols.start}, {cols.stop})", case)
@@ -361,6 +387,17 @@ def attention_case(impl, seed, W, causal, d=16, n_heads=4, B=2, L=5):
 @pytest.mark.parametrize("W", [1, 2, 4], ids=lambda w: f"W{w}")
 def test_parallel_mlp_matches_the_unsharded_mlp(W, impl, seed):
     mlp_case(impl, seed, W)
+
+
+@pytest.mark.part("B")
+@pytest.mark.points(2)
+def test_group_is_honoured(impl, seed):
+    """W=4 split into groups {0, 1} and {2, 3}: each group shards the MLP over its own 2 ranks."""
+    try:
+        mlp_case(impl, seed, 2, members=[[0, 1], [2, 3]])
+    except AssertionError as e:
+        raise AssertionError(f"{e}\n(W and r are dist.get_world_size(group) and dist.get_rank(group); every "
+                             "collective is issued on group)") from None
 
 
 @pytest.mark.part("B")

@@ -936,10 +936,14 @@ def _ready_event(name: str):
     return ready
 
 
+_MODEL_OBJECTS: dict = {}  # id(TrainNet) -> its Parameter and buffer objects as built (see probe_wraps)
+
+
 def probe_build_model(module, spec, state):
     """A :class:`TrainNet` from ``spec`` with ``state`` (a state dict, strict) kept on this rank."""
     net = TrainNet(spec)
     net.load_state_dict(state, strict=True)
+    _MODEL_OBJECTS[id(net)] = {"params": dict(net.named_parameters()), "buffers": dict(net.named_buffers())}
     return net, {"keep": True}
 
 
@@ -952,6 +956,17 @@ def probe_build_linear(module, weight, bias):
         if bias is not None:
             lin.bias.copy_(bias)
     return lin, {"keep": True}
+
+
+def probe_wraps(module, target, model):
+    """Whether the wrapper ``target`` holds ``model`` itself: ``module`` (``target.module is
+    model``, a registered submodule), ``same_params`` / ``same_buffers`` (the model's own
+    Parameter and buffer objects are still the model's, in place)."""
+    held = getattr(target, "_modules", {}).get("module") if isinstance(target, torch.nn.Module) else None
+    params, buffers = dict(model.named_parameters()), dict(model.named_buffers())
+    return {"module": held is model,
+            "same_params": all(p is params.get(n) for n, p in _MODEL_OBJECTS.get(id(model), {}).get("params", {}).items()),
+            "same_buffers": all(b is buffers.get(n) for n, b in _MODEL_OBJECTS.get(id(model), {}).get("buffers", {}).items())}, {}
 
 
 def probe_state(module, target):
