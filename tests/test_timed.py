@@ -33,6 +33,12 @@ HONEST = textwrap.dedent('''
             x = (x @ x).tanh()
         return attention(q, k, v)
 
+    def slower_attention(q, k, v):
+        x = torch.randn(192, 192)
+        for _ in range(180):  # ~22 ms of matmuls on an idle machine (3x one call's share below)
+            x = (x @ x).tanh()
+        return attention(q, k, v)
+
     def sneaky(q, k, v):
         return F.scaled_dot_product_attention(q, k, v)
 
@@ -197,5 +203,6 @@ def test_time_interleaved_still_times_local_callables():
 def test_a_candidate_too_slow_to_time_fails_without_a_timeout(honest):
     pool = _pool(10)
     with pytest.raises(AssertionError, match="too slow to time"):
-        timed(honest.slow_attention, SDPA, pool, warmup_inputs=_pool(3, seed=1), timeout=0.3)
+        # a 0.3 s limit over 15 calls leaves each 0.3 / 45 s = 6.7 ms: slow_attention (~5 ms idle) can pass it
+        timed(honest.slower_attention, SDPA, pool, warmup_inputs=_pool(3, seed=1), timeout=0.3)
     assert honest.noop(3) == 3  # the worker is still the same, healthy one
