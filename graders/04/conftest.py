@@ -233,6 +233,20 @@ def check_near_minus_1e6(result, q, k, v, case):
     assert_close(lse, ref_lse, atol=0.25, rtol=0.0, what="lse for logits near -1e6", case=case)
 
 
+def check_fully_masked(result, q, k, v, case, device):
+    """Causal rows that see no key (bottom-right alignment, Lq > Lk: queries 0..Lq-Lk-1) are
+    exact zeros with lse -inf, never NaN; the rest matches the oracle."""
+    out, lse = result
+    empty = q.shape[-2] - k.shape[-2]
+    if torch.isnan(out).any() or torch.isnan(lse).any():
+        raise AssertionError(f"NaN for fully masked rows (guard exp(-inf - -inf) and l == 0) ({case})")
+    if out[:, :, :empty].ne(0).any():
+        raise AssertionError(f"fully masked rows (queries 0..{empty - 1}) must be exact zeros ({case})")
+    if not torch.isneginf(lse[:, :, :empty]).all():
+        raise AssertionError(f"lse of fully masked rows must be -inf, got {lse[0, 0, :3].tolist()} ({case})")
+    check_forward(result, q, k, v, True, None, case, device)
+
+
 def check_raises(fn, exc, arg, match, case):
     """``fn()`` must raise ``exc`` (:func:`harness.testing.expect_raises`) whose message names
     ``arg`` (regex ``match``)."""
@@ -263,7 +277,8 @@ BAD_ARGS = [
 def fa():
     """The shared lab 04 checks (see the module docstring)."""
     return SimpleNamespace(case_id=case_id, qkv=qkv, check_forward=check_forward, near_minus_1e6=near_minus_1e6,
-                           check_near_minus_1e6=check_near_minus_1e6, check_raises=check_raises,
+                           check_near_minus_1e6=check_near_minus_1e6,
+                           check_fully_masked=check_fully_masked, check_raises=check_raises,
                            kernel_call=kernel_call, checked_kernel=checked_kernel,
                            check_deterministic=check_deterministic, BAD_ARGS=BAD_ARGS, SDPA=SDPA,
                            causal_mask=causal_mask, attention=attention)
