@@ -148,14 +148,19 @@ def _raises_not_implemented(node: ast.AST) -> bool:
                for n in ast.walk(node))
 
 
+def _methods(node: ast.AST) -> dict[str, ast.AST]:
+    return {d.name: d for d in getattr(node, "body", []) if isinstance(d, (ast.FunctionDef, ast.AsyncFunctionDef))}
+
+
 def solved_stub(course: Course, lab: Lab) -> str | None:
     """Why ``labs/NN/<module>.py`` is not a stub students may get, or None when it is one.
 
     Every task (``Lab.tasks``: the api names not ``given``) raises
-    ``NotImplementedError`` in the stub, and every ``given`` name is the reference's
-    own definition. So the reference itself, a stub solved by hand, and a stub with
-    one task filled in (by hand or with the reference's text) while the others remain
-    are all refused."""
+    ``NotImplementedError`` in the stub; in a task class, every method does (a helper
+    method is part of the task), but for the ``given`` ``Class.method`` ones. Every
+    ``given`` name or method is the reference's own definition. So the reference
+    itself, a stub solved by hand, and a stub with one task or one method filled in (by
+    hand or with the reference's text) while the others remain are all refused."""
     stub_path = course.root / "labs" / lab.number / lab.filename
     ref_path = course.root / "solutions" / lab.number / lab.filename
     rel = f"labs/{lab.number}/{lab.filename}"
@@ -164,11 +169,24 @@ def solved_stub(course: Course, lab: Lab) -> str | None:
         ref = _defs(ref_path.read_text()) if ref_path.is_file() else {}
     except (OSError, SyntaxError, ValueError) as e:
         return f"{rel} cannot be checked: {type(e).__name__}: {e}"
-    solved = [n for n in lab.tasks if n in stub and not _raises_not_implemented(stub[n])]
+    solved, given = [], [(n, stub.get(n), ref.get(n)) for n in lab.given if "." not in n]
+    for n in lab.tasks:
+        if n not in stub:
+            continue
+        if not isinstance(stub[n], ast.ClassDef):
+            solved += [] if _raises_not_implemented(stub[n]) else [n]
+            continue
+        kept = lab.given_methods(n)
+        methods, ref_methods = _methods(stub[n]), _methods(ref.get(n))
+        solved += [f"{n}.{m}" for m, d in methods.items() if m not in kept and not _raises_not_implemented(d)]
+        given += [(f"{n}.{m}", methods.get(m), ref_methods.get(m)) for m in kept]
+        if not methods and not _raises_not_implemented(stub[n]):
+            solved.append(n)
     if solved:
-        return f"{rel} looks solved: {', '.join(solved)} raise(s) no NotImplementedError (task(s) of labs.yaml's api)"
-    changed = [n for n in lab.given if ref and n in stub   # without a reference: tasks only
-               and (n not in ref or ast.dump(stub[n]) != ast.dump(ref[n]))]
+        return (f"{rel} looks solved: {', '.join(solved)} raise(s) no NotImplementedError (task(s) of labs.yaml's "
+                f"api; a finished method of a task class is listed in labs.yaml given as Class.method)")
+    changed = [n for n, mine, theirs in given if ref and mine is not None   # without a reference: tasks only
+               and (theirs is None or ast.dump(mine) != ast.dump(theirs))]
     if changed:
         return f"{rel}: given {', '.join(changed)} differ(s) from the reference's definition (labs.yaml given)"
     return None

@@ -80,7 +80,9 @@ class Lab(_Strict):
     module: str = Field(description="module file name without .py, in labs/NN/ and solutions/NN/")
     api: List[str] = Field(description="public names every implementation must define")
     given: List[str] = Field([], description="api names the stub gives finished (the reference's own "
-                                              "definition, e.g. lab 05's decoder); every other api name is a task")
+                                              "definition, e.g. lab 05's decoder), or a task class's methods "
+                                              "as Class.method (lab 08's __init__); every other api name and "
+                                              "every other method of a task class is a task")
     parts: Dict[str, Part]
     perf: Dict[str, PerfThreshold] = {}
     requires: List[str] = Field([], description="optional packages the lab needs, e.g. triton")
@@ -95,9 +97,9 @@ class Lab(_Strict):
 
     @model_validator(mode="after")
     def _given_in_api(self):
-        extra = [n for n in self.given if n not in self.api]
+        extra = [n for n in self.given if n.split(".")[0] not in self.api or n.count(".") > 1]
         if extra:
-            raise ValueError(f"given names {extra} are not in api {self.api}")
+            raise ValueError(f"given names {extra} are not in api {self.api} (or Class.method of one)")
         if not self.tasks:
             raise ValueError(f"every api name is given ({self.given}): a lab needs at least one task")
         return self
@@ -106,6 +108,10 @@ class Lab(_Strict):
     def tasks(self) -> list[str]:
         """The api names students write: every one but the ``given`` ones."""
         return [n for n in self.api if n not in self.given]
+
+    def given_methods(self, cls: str) -> list[str]:
+        """The methods of task class ``cls`` the stub gives finished (``given: [Class.method]``)."""
+        return [n.split(".")[1] for n in self.given if n.startswith(cls + ".")]
 
     @property
     def points(self) -> float:

@@ -88,8 +88,8 @@ def test_solved_stub_accepts_stubs_and_finished_helpers_and_refuses_solutions(to
     lab = toy.lab("07")
     assert _impl.solved_stub(toy, lab) is None
     (toy_course / "labs/07/toy.py").write_text((toy_course / "solutions/07/toy.py").read_text())
-    assert _impl.solved_stub(toy, lab) == ("labs/07/toy.py looks solved: add raise(s) no NotImplementedError "
-                                              "(task(s) of labs.yaml's api)")
+    assert _impl.solved_stub(toy, lab).startswith("labs/07/toy.py looks solved: add raise(s) no NotImplementedError "
+                                                     "(task(s) of labs.yaml's api")
 
 
 def test_solved_stub_refuses_one_task_replaced_by_the_reference_text_while_others_remain(tmp_path):
@@ -107,5 +107,36 @@ def test_solved_stub_refuses_one_task_replaced_by_the_reference_text_while_other
                         for n in ast.parse(path.read_text()).body if isinstance(n, ast.FunctionDef)}
     stub, ref = tmp_path / "labs/01/allreduce.py", tmp_path / "solutions/01/allreduce.py"
     stub.write_text(stub.read_text().replace(src(stub)["ring_all_gather"], src(ref)["ring_all_gather"]))
-    assert _impl.solved_stub(course, lab) == ("labs/01/allreduce.py looks solved: ring_all_gather raise(s) no "
-                                                 "NotImplementedError (task(s) of labs.yaml's api)")
+    assert _impl.solved_stub(course, lab).startswith("labs/01/allreduce.py looks solved: ring_all_gather raise(s) no "
+                                                        "NotImplementedError (task(s) of labs.yaml's api")
+
+
+def _methods_of(path, cls):
+    import ast
+    src = path.read_text()
+    node = next(n for n in ast.parse(src).body if isinstance(n, ast.ClassDef) and n.name == cls)
+    return src, {m.name: ast.get_source_segment(src, m) for m in node.body if isinstance(m, ast.FunctionDef)}
+
+
+@pytest.mark.parametrize("number,cls,method", [("07", "DDP", "__init__"), ("07", "DDP", "forward"),
+                                                ("08", "ColumnParallelLinear", "forward")])
+def test_solved_stub_refuses_one_method_of_a_task_class_replaced_by_the_reference(tmp_path, number, cls, method):
+    """A task class is graded by method: lab 07's DDP with __init__ and forward replaced by
+    the reference's while no_sync still raises was shipped before. Given methods
+    (labs.yaml ``given: [Class.method]``, lab 08's __init__) must stay the reference's."""
+    import shutil
+    lab = manifest.load(ROOT).lab(number)
+    for rel in ("labs.yaml", f"labs/{number}/{lab.filename}", f"solutions/{number}/{lab.filename}"):
+        (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy(ROOT / rel, tmp_path / rel)
+    course = manifest.load(tmp_path)
+    stub, ref = tmp_path / "labs" / number / lab.filename, tmp_path / "solutions" / number / lab.filename
+    assert _impl.solved_stub(course, course.lab(number)) is None
+    stub_src, mine = _methods_of(stub, cls)
+    stub.write_text(stub_src.replace(mine[method], _methods_of(ref, cls)[1][method]))
+    assert _impl.solved_stub(course, course.lab(number)).startswith(
+        f"labs/{number}/{lab.filename} looks solved: {cls}.{method} raise(s) no NotImplementedError")
+    if number == "08":   # a given method changed is refused too
+        stub.write_text(stub_src.replace(mine["__init__"], mine["__init__"] + "\n        self.extra = 1"))
+        assert "given ColumnParallelLinear.__init__ differ(s) from the reference" in _impl.solved_stub(
+            course, course.lab(number))
