@@ -180,6 +180,20 @@ def course_secret(course: Course) -> bytes | None:
         return None
 
 
+def graders_of(course: Course, lab: Lab) -> Path:
+    """The hidden graders of ``lab`` (``graders/NN/``). Raises GradingError: in a student
+    checkout (no ``graders/`` at all) one that says where grading happens, else one that
+    names the missing folder."""
+    graders = course.root / "graders" / lab.number
+    if graders.is_dir():
+        return graders
+    if not graders.parent.is_dir():
+        raise GradingError(f"lab {lab.number}'s hidden graders are not in a student checkout",
+                           hint=f"`labs test {lab.number}` runs the visible tests; your course grades the "
+                                f"submission you hand in with the hidden ones")
+    raise GradingError(f"no hidden graders for lab {lab.number} ({graders})", hint="check graders/ and labs.yaml")
+
+
 def grading_seed(secret: bytes | None, lab: Lab, module: bytes) -> int:
     """The 32-bit seed of a graded run: HMAC-SHA256 (RFC 2104) keyed by the course
     ``secret`` over the lab number and the submission's module bytes. The same
@@ -277,9 +291,7 @@ def run(course: Course, lab: Lab, impl_root: Path, results: Path, seed: int,
         return container.run(course, lab, impl_root, results, seed, timeout_s)
     if sandbox != "process":
         raise ValueError(f"sandbox must be one of {', '.join(SANDBOXES)}, got {sandbox!r}")
-    graders = course.root / "graders" / lab.number
-    if not graders.is_dir():
-        raise GradingError(f"no hidden graders for lab {lab.number} ({graders})")
+    graders = graders_of(course, lab)
     timeout_s = timeout_s or lab.limits.timeout_s
     cmd = [sys.executable, "-m", "pytest", str(graders), "--impl", str(impl_root), "--sandbox", "worker",
            "--labs-results", str(results), "--rootdir", str(course.root), "-q", "-p", "no:cacheprovider",
@@ -390,6 +402,7 @@ def grade(submission: Path | str, lab: Lab, course: Course, *, seed: int | None 
     submission = Path(submission).resolve()
     if not submission.is_dir():
         raise FileNotFoundError(f"submission {submission} is not a directory")
+    graders_of(course, lab)  # before anything else: a student checkout has none (and no secret is made)
     t0 = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="labs-grade-") as tmp:
         work = Path(tmp)

@@ -129,7 +129,11 @@ def test_output_paths_in_missing_folders_or_inside_the_course_are_refused(toy_co
                            f"labs: error: --out {tmp_path / 'a/b'}: the folder {tmp_path / 'a'} does not exist"),
                           (["nbgrader", "export", "course"], "labs: error: DEST course is inside the course tree"),
                           (["grade-all", str(tmp_path / "subs"), "--lab", "07", "--out", "grades"],
-                           "labs: error: --out grades is inside the course tree")):
+                           "labs: error: --out grades is inside the course tree"),
+                          (["grade", "solutions", "--lab", "07", "--json", str(tmp_path / "a/r.json")],
+                           f"labs: error: --json {tmp_path / 'a/r.json'}: the folder {tmp_path / 'a'} does not exist"),
+                          (["progress", "--html", str(tmp_path / "a/r.html")],
+                           f"labs: error: --html {tmp_path / 'a/r.html'}: the folder {tmp_path / 'a'} does not exist")):
         p = labs(toy_course, *args)
         assert p.returncode == 2 and p.stderr.splitlines()[0].startswith(message), p.stderr
         assert "hint:" in p.stderr and "Traceback" not in p.stderr

@@ -114,6 +114,20 @@ def test_released_cli_has_only_the_student_commands(released):
     assert listed == {"grade", "list", "progress", "reset", "test"}, listed
 
 
+def test_released_labs_grade_says_grading_happens_at_the_course_and_makes_no_secret(released):
+    """A student's `labs grade` has no hidden graders: one line and a student's hint (not
+    the staff hint "check graders/"), exit 1, and no .labs-staff/ secret left behind."""
+    env = {**os.environ, "PYTHONPATH": str(released), "LABS_PROGRESS": "off"}
+    env.pop("LABS_COURSE", None)
+    env.pop("LABS_COURSE_SECRET", None)
+    p = subprocess.run([sys.executable, "-m", "harness", "grade", ".", "--lab", "03"], cwd=released, env=env,
+                       capture_output=True, text=True, timeout=120)
+    assert p.returncode == 1, (p.stdout, p.stderr)
+    assert p.stderr.splitlines()[0] == "labs: error: lab 03's hidden graders are not in a student checkout", p.stderr
+    assert "`labs test 03` runs the visible tests" in p.stderr and "graders/" not in p.stderr
+    assert "Traceback" not in p.stderr and not (released / ".labs-staff").exists()
+
+
 def test_released_toy_lab_runs_its_visible_tests_on_the_stub(toy_course, tmp_path):
     out = tmp_path / "student"
     (toy_course / ".labs-staff").mkdir()
