@@ -436,14 +436,14 @@ def write_json_atomic(path: Path | str, data: dict) -> None:
 
 def gpu_points(course: Course, lab: Lab) -> float:
     """Points of ``lab`` (bonus parts aside) that only a GPU can earn: its grader tests
-    marked ``gpu``, weighted as ``grading.score`` does. 0 without graders (a student
-    checkout). One ``pytest --collect-only`` of every lab's graders, cached in
+    marked ``gpu``, weighted as ``grading.score`` does. Without graders (a student
+    checkout): labs.yaml's ``gpu_points``, which ``labs release`` writes. One ``pytest --collect-only`` of every lab's graders, cached in
     ``.labs-staff/gpu-points.json`` by the graders' and labs.yaml's bytes."""
     root = course.root
     graders = sorted(p for p in (root / "graders").rglob("*.py") if "__pycache__" not in p.parts) \
         if (root / "graders").is_dir() else []
     if not (root / "graders" / lab.number).is_dir():
-        return 0.0
+        return course.gpu_points.get(lab.number, 0.0)
     key = hashlib.sha256((root / _manifest.MANIFEST).read_bytes())
     for p in graders:
         key.update(p.relative_to(root).as_posix().encode() + b"\0" + p.read_bytes())

@@ -136,7 +136,17 @@ class Course(_Strict):
     name: str
     images: Images = Images()
     labs: Dict[str, Lab]
+    gpu_points: Dict[str, float] = Field({}, description="points per lab that only a GPU can earn, as `labs "
+                                         "release` writes them into a student checkout (which has no graders "
+                                         "to count them from); a staff tree leaves it out")
     root: Optional[Path] = None  # directory holding labs.yaml
+
+    @model_validator(mode="after")
+    def _gpu_points_of_labs(self):
+        extra = sorted(set(self.gpu_points) - set(self.labs))
+        if extra:
+            raise ValueError(f"gpu_points names labs {extra} that labs does not list")
+        return self
 
     @field_validator("labs", mode="before")
     @classmethod

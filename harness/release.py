@@ -38,7 +38,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 
-from . import impl as _impl, manifest
+from . import grading, impl as _impl, manifest
 from .manifest import Course
 from .errors import LabsError
 
@@ -115,9 +115,17 @@ def student_pyproject(text: str) -> str:
     return re.sub(r'^\s*"docker:[^\n]*\n', '', text, flags=re.M)  # a marker of the framework's tests
 
 
-def student_readme(course: Course, labs: list[str]) -> str:
+def student_manifest(text: str, gpu: dict[str, float]) -> str:
+    """The course's ``labs.yaml`` with ``gpu_points`` appended: a student checkout has no
+    graders to count the points that need a GPU from (``labs list`` shows them)."""
+    lines = ", ".join(f'"{n}": {p:g}' for n, p in sorted(gpu.items()))
+    return (text.rstrip("\n") + "\n\n# written by `labs release`: the points of each lab that only a GPU can earn "
+            "(tests the hidden graders run on a GPU)\n" + f"gpu_points: {{{lines}}}\n")
+
+
+def student_readme(course: Course, labs: list[str], gpu: dict[str, float]) -> str:
     rows = "\n".join(f"| {n} | {course.labs[n].title} | `labs/{n}/{course.labs[n].filename}` | "
-                     f"{course.labs[n].points:g} |" for n in labs)
+                     f"{course.labs[n].points:g} | {gpu[n]:g} |" for n in labs)
     tpl = string.Template((TEMPLATES / "student-README.md").read_text())
     return tpl.substitute(course=course.name, labs=rows, first=labs[0] if labs else "01")
 
@@ -138,7 +146,10 @@ def plan(course: Course, labs: list[str] | None = None, exclude: list[str] = ())
     released = sorted({n.split("/")[1] for n in kept if n.startswith("labs/")})
     if "pyproject.toml" in files:
         files["pyproject.toml"] = student_pyproject(files["pyproject.toml"].decode()).encode()
-    files["README.md"] = student_readme(course, released).encode()
+    gpu = {n: grading.gpu_points(course, course.labs[n]) for n in released}
+    if "labs.yaml" in files:
+        files["labs.yaml"] = student_manifest(files["labs.yaml"].decode(), gpu).encode()
+    files["README.md"] = student_readme(course, released, gpu).encode()
     if (root / "Makefile").is_file():
         files["Makefile"] = (TEMPLATES / "student.mk").read_bytes()
     check(course, files, released)

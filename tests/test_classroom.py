@@ -382,6 +382,20 @@ def test_grade_all_warns_on_an_empty_folder_and_gives_a_stray_file_a_row(toy_cou
     assert row_csv["status"] == row.status and row_csv["part A"] == row_csv["part B"] == "0"
 
 
+def test_grade_all_table_shows_the_points_that_need_a_gpu(toy_course, tmp_path, monkeypatch):
+    """No silent cap: without a GPU the table's Max and the mean line say what could run here."""
+    from click.testing import CliRunner
+
+    from harness.cli import main
+    monkeypatch.chdir(toy_course)
+    (tmp_path / "subs/alice").mkdir(parents=True)
+    (tmp_path / "subs/alice/toy.py").write_text(TOY_SOLUTION)
+    r = CliRunner().invoke(main, ["grade-all", str(tmp_path / "subs"), "--lab", "07", "--sandbox", "process",
+                                  "--out", str(tmp_path / "out"), "--jobs", "1"], terminal_width=200)
+    assert r.exit_code == 0, r.output
+    assert "10 (8.5 here)" in r.stdout and "/ 10 (8.5 runnable without a GPU)" in r.stdout, r.stdout
+
+
 # --- a small class of the real lab 06 ----------------------------------------------------
 
 def test_grade_all_real_lab_06_reference_stub_and_mutant(tmp_path):

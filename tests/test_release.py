@@ -3,6 +3,7 @@ staff tests, builds as a package on its own, and its visible tests run on the
 stubs (they fail with NotImplementedError; nothing errors at import)."""
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -112,6 +113,23 @@ def test_released_cli_has_only_the_student_commands(released):
     assert p.returncode == 0, p.stderr[-2000:]
     listed = {line.split()[0] for line in p.stdout.split("Commands:")[1].splitlines() if line.strip()}
     assert listed == {"grade", "list", "progress", "reset", "test"}, listed
+
+
+def test_released_labs_list_and_readme_show_the_points_that_need_a_gpu(released):
+    """No silent cap in a student checkout: it has no graders to count GPU tests from, so
+    release writes each lab's GPU points into its labs.yaml (``gpu_points``) and README."""
+    from harness import grading, manifest
+    staff = manifest.load(ROOT)
+    env = {**os.environ, "PYTHONPATH": str(released), "LABS_PROGRESS": "off"}
+    env.pop("LABS_COURSE", None)
+    p = subprocess.run([sys.executable, "-m", "harness", "list", "--json"], cwd=released, env=env,
+                       capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0, p.stderr
+    shown = {r["lab"]: r["gpu_points"] for r in json.loads(p.stdout)}
+    expected = {n: grading.gpu_points(staff, lab) for n, lab in staff.labs.items()}
+    assert shown == pytest.approx(expected) and shown["04"] > 40, shown
+    assert f"| 04 | {staff.lab('04').title} | `labs/04/flash_attention.py` | 100 | {expected['04']:g} |" in (
+        released / "README.md").read_text()
 
 
 def test_released_labs_grade_says_grading_happens_at_the_course_and_makes_no_secret(released):

@@ -30,6 +30,18 @@ def _default_jobs() -> int:
     return max(1, (os.cpu_count() or 2) // 2)
 
 
+def _max_text(ed: dict, lab) -> str:
+    """A row's maximum, and what of it could run here when GPU tests could not ("100 (43.6 here)")."""
+    top, runnable = ed.get("max_score", lab.points), ed.get("max_score_runnable")
+    return f"{top:g}" + (f" ({runnable:g} here)" if runnable is not None and runnable < top else "")
+
+
+def _gpu_max(rows) -> float:
+    """The points no row could earn here for want of a GPU (0 when every test ran)."""
+    return max((r.results["extra_data"].get("max_score", 0) - r.results["extra_data"].get("max_score_runnable",
+                r.results["extra_data"].get("max_score", 0)) for r in rows), default=0.0)
+
+
 @click.command("grade-all")
 @click.argument("submissions", type=click.Path(path_type=Path))
 @click.option("--lab", "lab_number", required=True, help="Lab number, e.g. 04.")
@@ -105,7 +117,7 @@ def grade_all_command(ctx, submissions, lab_number, jobs, out_dir, gradebook, ti
         else:
             ed = row.results["extra_data"]
             console.print(escape(f"[{state['done']}/{state['total'] - state['skipped']}] {row.student}: "
-                                 f"{classroom.score_text(row.results) or '-'}/{ed['max_score']:g} {row.status} "
+                                 f"{classroom.score_text(row.results) or '-'}/{_max_text(ed, lab)} {row.status} "
                                  f"({row.duration_s:.1f} s)"))
 
     stop = threading.Event()
@@ -133,7 +145,7 @@ def grade_all_command(ctx, submissions, lab_number, jobs, out_dir, gradebook, ti
     for r in run.rows:
         ed = r.results["extra_data"]
         style = "green" if r.ok else "red"
-        table.add_row(escape(r.student), classroom.score_text(r.results) or "-", f"{ed.get('max_score', lab.points):g}",
+        table.add_row(escape(r.student), classroom.score_text(r.results) or "-", _max_text(ed, lab),
                       f"[{style}]{escape(r.status[:90])}[/]", "skipped" if r.skipped else f"{r.duration_s:.1f} s")
     console.print(table)
     scores = [r.results["score"] for r in run.rows if r.results.get("score") is not None]
@@ -142,7 +154,9 @@ def grade_all_command(ctx, submissions, lab_number, jobs, out_dir, gradebook, ti
     console.print(escape(f"{len(run.graded)} graded now, {len(run.rows) - len(run.graded)} skipped (already graded), "
                          f"{sum(not r.ok for r in run.rows)} not ok"
                          + (f" ({ambiguous} ambiguous: keep one entry each and rerun)" if ambiguous else "")
-                         + f"; mean {mean:.2f} / {lab.points:g}; "
+                         + f"; mean {mean:.2f} / {lab.points:g}"
+                         + (f" ({lab.points - gpu:g} runnable without a GPU)" if (gpu := _gpu_max(run.rows)) else "")
+                         + "; "
                          f"results in {out}/ ({classroom.CSV_NAME}, {classroom.STUDENTS_DIR}/<student>/{classroom.RESULTS_NAME})"))
     if run.gradebook_error:
         raise LabsError(f"grades.csv and results.json are complete, but recording in the gradebook stopped: "
