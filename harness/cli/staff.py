@@ -38,8 +38,9 @@ def _max_text(ed: dict, lab) -> str:
 
 def _gpu_max(rows) -> float:
     """The points no row could earn here for want of a GPU (0 when every test ran)."""
-    return max((r.results["extra_data"].get("max_score", 0) - r.results["extra_data"].get("max_score_runnable",
-                r.results["extra_data"].get("max_score", 0)) for r in rows), default=0.0)
+    eds = [r.results["extra_data"] for r in rows]
+    return max((ed["max_score"] - ed["max_score_runnable"] for ed in eds
+                if ed.get("max_score") is not None and ed.get("max_score_runnable") is not None), default=0.0)
 
 
 @click.command("grade-all")
