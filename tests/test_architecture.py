@@ -96,3 +96,13 @@ def test_every_visible_test_of_the_course_names_its_part():
                     "part" in ast.unparse(d) for d in node.decorator_list):
                 unmarked.append(f"{path.relative_to(ROOT)}::{node.name}")
     assert not unmarked, "add @pytest.mark.part(NAME):\n" + "\n".join(unmarked)
+
+
+def test_no_bare_pytest_raises_in_graders_or_visible_tests():
+    """A failed `pytest.raises` says only "DID NOT RAISE": graders and visible tests use
+    `expect_raises`, whose message names the case and the error expected."""
+    bare = [f"{p.relative_to(ROOT).as_posix()}:{node.lineno}" for p in _grader_side_files()
+            for node in ast.walk(ast.parse(p.read_text()))
+            if isinstance(node, ast.Attribute) and node.attr == "raises" and ast.unparse(node.value) == "pytest"]
+    assert not bare, "use harness.toolkit.expect_raises(exc, case, fn, *args) instead of pytest.raises:\n" + \
+        "\n".join(bare)

@@ -6,7 +6,7 @@ Run: pytest labs/03            (all)
 import torch
 import pytest
 
-from harness.toolkit import AllocationTracker, assert_close, attention
+from harness.toolkit import AllocationTracker, assert_close, attention, expect_raises
 
 
 def _qkv(B, Hq, Hkv, Lq, Lk, D, seed=0):
@@ -55,8 +55,8 @@ def test_fully_masked_query_gives_zeros(impl):
 @pytest.mark.part("A")
 def test_indivisible_heads_raise(impl):
     q, k, v = _qkv(1, 3, 2, 2, 2, 4)
-    with pytest.raises(ValueError):
-        impl.grouped_query_attention(q, k, v)
+    expect_raises(ValueError, "grouped_query_attention with Hq=3, Hkv=2 (Hq must be a multiple of Hkv)",
+                  impl.grouped_query_attention, q, k, v)
 
 
 @pytest.mark.part("C")

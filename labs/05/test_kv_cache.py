@@ -10,7 +10,7 @@ import pytest
 import torch
 from torch.utils.flop_counter import FlopCounterMode
 
-from harness.toolkit import assert_close
+from harness.toolkit import assert_close, expect_raises
 
 CFG = dict(vocab_size=64, d_model=32, n_layers=2, n_heads=4, n_kv_heads=2, max_seq_len=128, ffn_hidden=64)
 
@@ -68,8 +68,9 @@ def test_seq_len_advances_after_the_last_layer(impl):
 def test_overflow_raises_value_error_naming_max_seq_len(impl):
     cache = impl.KVCache(1, 1, 4, 1, 2)
     cache.update(0, torch.zeros(1, 1, 3, 2), torch.zeros(1, 1, 3, 2))
-    with pytest.raises(ValueError, match="max_seq_len"):
-        cache.update(0, torch.ones(1, 1, 2, 2), torch.ones(1, 1, 2, 2))
+    e = expect_raises(ValueError, "update of 2 tokens into a cache holding 3 of max_seq_len=4",
+                      cache.update, 0, torch.ones(1, 1, 2, 2), torch.ones(1, 1, 2, 2))
+    assert "max_seq_len" in str(e), f"the ValueError must name max_seq_len, got {str(e)!r}"
     cache.update(0, torch.ones(1, 1, 1, 2), torch.ones(1, 1, 1, 2))  # exactly full is fine
     assert cache.seq_len == 4
 
@@ -77,8 +78,8 @@ def test_overflow_raises_value_error_naming_max_seq_len(impl):
 @pytest.mark.part("A")
 def test_wrong_dtype_raises_type_error(impl):
     cache = impl.KVCache(1, 1, 4, 1, 2)
-    with pytest.raises(TypeError):
-        cache.update(0, torch.zeros(1, 1, 1, 2, dtype=torch.float64), torch.zeros(1, 1, 1, 2, dtype=torch.float64))
+    expect_raises(TypeError, "update with float64 k/v into a float32 cache", cache.update, 0,
+                  torch.zeros(1, 1, 1, 2, dtype=torch.float64), torch.zeros(1, 1, 1, 2, dtype=torch.float64))
 
 
 # --- Part A: the model with the cache -----------------------------------------------------

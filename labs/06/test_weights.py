@@ -8,6 +8,8 @@ Run: pytest labs/06                                  (all)
 import torch
 import pytest
 
+from harness.toolkit import expect_raises
+
 
 @pytest.mark.part("A")
 def test_quantize_symmetric_int8_per_row(impl):
@@ -42,8 +44,8 @@ def test_quantize_asymmetric_keeps_zero_exact(impl):
 
 @pytest.mark.part("A")
 def test_quantize_group_size_must_divide(impl):
-    with pytest.raises(ValueError):
-        impl.quantize_symmetric(torch.randn(2, 10), bits=8, group_size=4)
+    expect_raises(ValueError, "quantize_symmetric of a (2, 10) weight with group_size=4 (4 does not divide 10)",
+                  impl.quantize_symmetric, torch.randn(2, 10), bits=8, group_size=4)
 
 
 @pytest.mark.part("B")
@@ -56,12 +58,9 @@ def test_pack_int4_handout_example(impl):
 
 @pytest.mark.part("B")
 def test_pack_int4_errors(impl):
-    with pytest.raises(TypeError):
-        impl.pack_int4(torch.tensor([1.0, 2.0]))
-    with pytest.raises(ValueError):
-        impl.pack_int4(torch.tensor([1, 2, 3]))
-    with pytest.raises(ValueError):
-        impl.pack_int4(torch.tensor([1, 16]))
+    expect_raises(TypeError, "pack_int4 of float codes", impl.pack_int4, torch.tensor([1.0, 2.0]))
+    expect_raises(ValueError, "pack_int4 of an odd number of codes", impl.pack_int4, torch.tensor([1, 2, 3]))
+    expect_raises(ValueError, "pack_int4 of the code 16 (int4 codes are 0..15)", impl.pack_int4, torch.tensor([1, 16]))
 
 
 @pytest.mark.parametrize("bits", [8, 4])
