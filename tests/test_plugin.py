@@ -68,6 +68,19 @@ def test_seed_is_replayable_and_per_test(toy_course, tmp_path):
     assert seeds[0] == seeds[1] and len(set(seeds[0])) == 2
 
 
+def test_a_students_local_runs_draw_a_fresh_seed_each_time(toy_course, tmp_path):
+    """`pytest labs/NN` (a student's own run) never reuses inputs: each run prints a new
+    seed, even with a course secret present (that one is for grading only)."""
+    (toy_course / ".labs-staff").mkdir()
+    (toy_course / ".labs-staff/course-secret").write_text("a" * 64 + "\n")
+    (toy_course / "labs/07/test_seed.py").write_text("def test_a(seed):\n    print('SEED', seed)\n")
+    printed = set()
+    for _ in range(3):
+        _, out = run_pytest(toy_course, "labs/07/test_seed.py", "-s")
+        printed.add(next(line for line in out.lines if line.startswith("labs: seed")))
+    assert len(printed) == 3, printed
+
+
 def test_results_file_records_parts_weights_outcomes_and_perf(toy_course, tmp_path):
     out = tmp_path / "r.json"
     run_pytest(toy_course, "graders/07", "--impl", "solution", "--labs-results", str(out))

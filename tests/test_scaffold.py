@@ -33,7 +33,10 @@ from .conftest import ROOT, course
 LABS = sorted(course().labs)
 
 # "How a lab reads": the handout's level-2 headings, by the words they start with
-HEADINGS = ["Quick start", "Background", "The contract", "Parts", "Pitfalls", "How performance is measured"]
+HEADINGS = ["Quick start", "Packages", "Background", "The contract", "Parts", "Pitfalls",
+            "How performance is measured"]
+# what a submission may import (the lock's packages); the handout's Packages section names each
+PACKAGES = ["torch", "numpy", "einops"]
 
 
 # --- (a) completeness, over any course tree ---------------------------------------------------
@@ -57,6 +60,11 @@ def handout_problems(root: Path, lab: manifest.Lab) -> list[str]:
     for want in HEADINGS:
         if not any(h.lower().startswith(want.lower()) for h in h2):
             problems.append(f"no '## {want}' heading")
+    text = "\n".join(lines)
+    packages = text.split("\n## Packages", 1)[1].split("\n## ", 1)[0] if "\n## Packages" in text else ""
+    missing = [name for name in PACKAGES if f"`{name}`" not in packages]
+    if packages and missing:
+        problems.append(f"the '## Packages' section does not name {', '.join(missing)} (what a submission may import)")
     return problems
 
 
