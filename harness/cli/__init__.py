@@ -177,6 +177,9 @@ def _one_cause(result: grading.GradeResult, path: Path, lab) -> str:
     return text
 
 
+MESSAGE_CHARS = 400  # of a message's first line in the table (it wraps); --json keeps every line
+
+
 def _print_result(result: grading.GradeResult, lab) -> None:
     """The grade table; readable in an 80-column terminal: long test names fold (never
     cut), a parametrized test's case id goes on its own line, messages wrap."""
@@ -188,7 +191,8 @@ def _print_result(result: grading.GradeResult, lab) -> None:
     table.add_column("Message", overflow="fold", ratio=4)
     style = {"passed": "green", "failed": "red", "error": "red", "skipped": "yellow", "not run": "red"}
     for t in result.tests:
-        msg = t.output.splitlines()[0][:110] if t.output else ""
+        msg = t.output.splitlines()[0] if t.output else ""  # the headline: it names the bug class
+        msg = msg if len(msg) <= MESSAGE_CHARS else msg[:MESSAGE_CHARS - 1] + "…"
         base, bracket, case = t.name.partition("[")
         table.add_row(t.part, escape(base + (f"\n[{case}" if bracket else "")),
                       f"[{style.get(t.outcome, '')}]{t.outcome}[/]", f"{t.score:.2f}/{t.max_score:.2f}", escape(msg))
