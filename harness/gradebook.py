@@ -27,6 +27,22 @@ def part_cell_id(lab: Lab, part: str) -> str:
     return f"lab{lab.number}-part-{part}"
 
 
+def cell_max_score(lab: Lab, part: str) -> float:
+    """A part's grade cell maximum: its points, 0 for a bonus part (its points are extra
+    credit), so the assignment's maximum is ``lab.points``, as in ``labs grade`` and grades.csv."""
+    p = lab.parts[part]
+    return 0.0 if p.bonus else float(p.points)
+
+
+def comment_line(t: dict) -> str:
+    """One test of a ``results.json`` as a line of the gradebook's comment. A test not run
+    here (a GPU test on a CPU: no ``status``, ``max_score`` 0) says so and what it is worth."""
+    status = t.get("status") or "not run"
+    worth = (t.get("extra_data") or {}).get("not_run_points")
+    return (f"{float(t.get('score') or 0):g}/{float(t.get('max_score') or 0):g} {status} {t.get('name', '?')}"
+            + (f" (worth {float(worth):g})" if worth else ""))
+
+
 def require_nbgrader():
     """Import nbgrader's gradebook API, or raise ImportError saying how to get it."""
     try:
@@ -44,10 +60,14 @@ class GradebookWriter:
     The lab is assignment ``labNN`` with notebook ``labNN`` (the names
     ``export_course`` uses, so it shares the gradebook of ``nbgrader
     generate_assignment``) and one autograded grade cell ``labNN-part-X`` per
-    part (max score = the part's points), added here: the exported notebooks
-    have no grade cells, so ``nbgrader autograde`` never writes these scores.
-    Each student's ``auto_score`` per part is set; the per-test breakdown is the
-    auto comment on the module cell ``labNN-module``. Re-recording overwrites.
+    part (max score = the part's points; 0 for a bonus part), added here: the
+    exported notebooks have no grade cells, so ``nbgrader autograde`` never
+    writes these scores. Each student's ``auto_score`` per part is set; the
+    per-test breakdown is the auto comment on the module cell ``labNN-module``.
+    Re-recording overwrites. A bonus part's score is the ``extra_credit`` of its
+    cell: the assignment's maximum is ``lab.points`` and a student's score is
+    results.json's ``score`` (bonus included), as in grades.csv. A test not run
+    here (a GPU test on a CPU: no ``status``) scores 0.
     (nbgrader refuses to regenerate an assignment whose cells differ from the
     gradebook's once it has submissions: run ``generate_assignment`` before
     recording grades.)"""
@@ -69,15 +89,15 @@ class GradebookWriter:
             gb.find_notebook(nb, a)
         except api.MissingEntry:
             gb.add_notebook(nb, a)
-        for key, part in self.lab.parts.items():
+        for key in self.lab.parts:
+            top = cell_max_score(self.lab, key)
             try:
                 cell = gb.find_grade_cell(part_cell_id(self.lab, key), nb, a)
-                if cell.max_score != float(part.points):
-                    cell.max_score = float(part.points)
+                if cell.max_score != top:
+                    cell.max_score = top
                     gb.db.commit()
             except api.MissingEntry:
-                gb.add_grade_cell(part_cell_id(self.lab, key), nb, a, max_score=float(part.points),
-                                  cell_type="code")
+                gb.add_grade_cell(part_cell_id(self.lab, key), nb, a, max_score=top, cell_type="code")
         try:
             gb.find_solution_cell(module_cell_id(self.lab), nb, a)
         except api.MissingEntry:
@@ -107,11 +127,15 @@ class GradebookWriter:
         scores = part_scores(results)
         for key, part in self.lab.parts.items():
             grade = self._grade(part_cell_id(self.lab, key), student)
-            grade.auto_score = round(min(float(part.points), scores.get(key, 0.0)), 4)
+            earned = round(min(float(part.points), scores.get(key, 0.0)), 4)
+            if part.bonus:  # on top of the maximum: extra credit of a cell worth 0
+                grade.auto_score, grade.extra_credit = 0.0, earned
+            else:
+                grade.auto_score = earned
             grade.needs_manual_grade = False
         status = results.get("extra_data", {}).get("status", "")
-        lines = [f"labs grade-all: {results.get('score', 0):g} points; {status}".rstrip("; ")]
-        lines += [f"{t['score']:g}/{t['max_score']:g} {t['status']} {t['name']}" for t in results.get("tests", [])]
+        lines = [f"labs grade-all: {results.get('score') or 0:g} points; {status}".rstrip("; ")]
+        lines += [comment_line(t) for t in results.get("tests", [])]
         try:
             comment = gb.find_comment(module_cell_id(self.lab), nb, a, student)
             comment.auto_comment = "\n".join(lines)

@@ -183,8 +183,9 @@ def solved_stub(course: Course, lab: Lab) -> str | None:
         if not methods and not _raises_not_implemented(stub[n]):
             solved.append(n)
     if solved:
+        methods = any("." in n for n in solved)
         return (f"{rel} looks solved: {', '.join(solved)} raise(s) no NotImplementedError (task(s) of labs.yaml's "
-                f"api; a finished method of a task class is listed in labs.yaml given as Class.method)")
+                f"api{'; a method the stub gives finished is listed in given as Class.method' if methods else ''})")
     changed = [n for n, mine, theirs in given if ref and mine is not None   # without a reference: tasks only
                and (theirs is None or ast.dump(mine) != ast.dump(theirs))]
     if changed:

@@ -21,7 +21,7 @@ The instructor's path to grades (in the nbgrader course ``COURSE/``)::
 
 ``labs nbgrader export COURSE/`` writes::
 
-    COURSE/nbgrader_config.py          course id, the solution-region stub, cell timeouts
+    COURSE/nbgrader_config.py          course id, the solution-region stub, cell timeouts, ignored files
     COURSE/source/labNN/labNN.ipynb    one assignment per lab
     COURSE/labs_course/                labs.yaml, graders/NN/ (hidden), labs/NN/<stub>
 
@@ -35,7 +35,15 @@ generate_assignment`` removes the region and leaves the stub, since
 The module cell's text (less its ``%%writefile`` line) is the submission:
 ``collect_modules`` extracts it without running anything.
 
-A feedback cell (locked, not a grade cell) calls ``feedback_part``, which grades
+Running a *source* notebook (``nbgrader validate``, Run All) writes its module
+file -- the full reference -- into ``source/labNN/``, and nbgrader copies every
+file there into ``release/labNN/``. So ``nbgrader_config.py`` adds every lab's
+module file name (and ``__pycache__``, ``*.pyc``) to ``CourseDirectory.ignore``,
+in a block each export rewrites (added to a config it otherwise keeps), and an
+export removes a module file left in ``source/labNN/``.
+
+A feedback cell (locked, not a grade cell) calls ``feedback_part`` (in a kernel
+without the ``harness`` package it prints one line saying so), which grades
 the written module file with the hidden graders when they are there (during a
 staff ``nbgrader autograde``, for ``generate_feedback``) and prints the part's
 tests under a "feedback only" banner; it returns nothing and counts for nothing.
@@ -71,6 +79,8 @@ ENV_COURSE = "LABS_NBGRADER_COURSE"
 SCHEMA_VERSION = 3
 MAX_NOTEBOOK_BYTES = 50 << 20    # a bigger submitted notebook is not read
 FEEDBACK_ONLY = "Feedback only: this does not count. Your grade comes from the course's sandboxed grader."
+NO_HARNESS = ("No feedback here: the course's `harness` package cannot be imported in this kernel; "
+              "your module cell is graded after you submit.")
 
 
 class ExportError(LabsError):
@@ -113,17 +123,51 @@ def _cell(kind: str, source: str, nbgrader: dict | None = None) -> dict:
     return cell
 
 
-_QUICK_START = re.compile(r"^## Quick start\n.*?(?=^## |\Z)", re.M | re.S)
-_CHECKOUT_WORDS = [(re.compile(r"`pytest labs/\d\d[^`]*`"), "the tests"),
-                   (re.compile(r"`labs (grade|test)[^`]*`"), "the grader"),
-                   (re.compile(r"`labs/\d\d/([A-Za-z_]\w*\.py)`"), r"`\1` (the module cell)")]
+_QUICK_START = re.compile(r"^## Quick start\n(.*?)(?=^## |\Z)", re.M | re.S)
+_FENCED = re.compile(r"^```.*?^```[ \t]*(\n|\Z)", re.M | re.S)
+_GRADER = "the course's grader"
+
+
+def _phrase(pattern: str) -> re.Pattern:
+    """A README phrase as a regex whose spaces match any run of whitespace (a phrase may
+    be wrapped across lines)."""
+    return re.compile(pattern.replace(" ", r"\s+"))
+
+
+# A notebook student has no checkout, no visible tests and no pytest plugin: the README's
+# commands, paths and pytest-only behaviour said in a notebook's words. Applied in order;
+# each phrase keeps its sentence's grammar (a command is one thing: "the course's grader
+# runs", never "the tests runs").
+_CHECKOUT_WORDS = [
+    # "`pytest labs/07` and the graders run ..." / "under `pytest` and the graders on CPU"
+    (_phrase(r"`pytest(?: labs/\d\d[^`]*)?` and the graders"), "the graders"),
+    (_phrase(r"`pytest labs/\d\d[^`]*`"), _GRADER),
+    (_phrase(r"`labs (?:grade|test)\b[^`]*`"), _GRADER),
+    # the course's pytest plugin sets an environment variable: here the student does
+    (_phrase(r"the course's pytest plugin sets `([A-Za-z_]\w*)=([^`]*)`"),
+     r'set `\1=\2` yourself (in this notebook: `os.environ["\1"] = "\2"`, in a cell you run first)'),
+    (_phrase(r"[Oo]utside pytest,? set it yourself"), "Outside a notebook, set it in the shell"),
+    (_phrase(r"in your own scripts outside pytest"), "in this notebook and in your own scripts"),
+    (_phrase(r"[Oo]utside pytest"), "In this notebook"),
+    # the module's path in the checkout: the module cell
+    (re.compile(r"\(`labs/\d\d/([A-Za-z_]\w*\.py)`\)"), r"(`\1`, the module cell)"),
+    (re.compile(r"`labs/\d\d/([A-Za-z_]\w*\.py)`"), r"`\1` (the module cell)"),
+]
+
+
+def _quick_start(m: re.Match) -> str:
+    """The "Quick start" section without its commands (a checkout's), keeping its prose
+    (what to edit, what is done for you) under a heading of its own."""
+    prose = _FENCED.sub("", m.group(1)).strip()
+    return f"## Your module\n\n{prose}\n\n" if prose else ""
 
 
 def notebook_handout(readme: str) -> str:
-    """The lab's README for a notebook student: without its "Quick start" section and
-    with the checkout's commands and paths (``pytest labs/NN``, ``labs grade``,
-    ``labs/NN/<module>.py``) said in a notebook's words."""
-    text = _QUICK_START.sub("", readme)
+    """The lab's README for a notebook student: its "Quick start" commands left out
+    (their prose kept), and the checkout's commands, paths and pytest-only behaviour
+    (``pytest labs/NN``, ``labs grade``, ``labs/NN/<module>.py``, what the course's
+    pytest plugin does) said in a notebook's words."""
+    text = _QUICK_START.sub(_quick_start, readme)
     for pattern, words in _CHECKOUT_WORDS:
         text = pattern.sub(words, text)
     return text
@@ -134,8 +178,12 @@ def feedback_cell_source(lab: Lab, key: str) -> str:
     return (f"# FEEDBACK ONLY, part {key} ({part.points:g} points): {part.title}.\n"
             f"# This cell does not count: your grade comes from the course's sandboxed grader,\n"
             f"# which grades the module cell above (its text, as submitted) after you submit.\n"
-            f"from harness.nbgrader_export import feedback_part\n"
-            f"feedback_part({lab.number!r}, {key!r}, {lab.filename!r})")
+            f"try:\n"
+            f"    from harness.nbgrader_export import feedback_part\n"
+            f"except ImportError as e:  # a kernel without the course's harness package\n"
+            f"    print({NO_HARNESS!r}, f'({{e}})')\n"
+            f"else:\n"
+            f"    feedback_part({lab.number!r}, {key!r}, {lab.filename!r})\n")
 
 
 def lab_notebook(course: Course, lab: Lab) -> dict:
@@ -156,8 +204,8 @@ def lab_notebook(course: Course, lab: Lab) -> dict:
              f"(only that cell: keep all of `{lab.filename}` in it) and grade it with the hidden graders in "
              f"the course's sandboxed grader. Nothing else in this notebook counts: the feedback cells at "
              f"the end only show test results, and only where the hidden graders are installed (when the "
-             f"staff run them for feedback). The handout below is the lab's README: where it speaks of "
-             f"`labs/{lab.number}/{lab.filename}`, read the module cell.")
+             f"staff run them for feedback). The handout below is the lab's README, in a notebook's words: "
+             f"its `{lab.filename}` is the module cell.")
     cells = [_cell("markdown", intro, {"grade": False, "solution": False, "locked": True,
                                        "grade_id": f"lab{lab.number}-intro"})]
     if readme.is_file():
@@ -203,7 +251,39 @@ c = get_config()  # noqa: F821
 c.CourseDirectory.course_id = {course_id!r}
 c.ClearSolutions.code_stub = {{"python": ""}}
 c.Execute.timeout = {timeout}
-'''
+
+{ignore}'''
+
+IGNORE_BEGIN = "# >>> labs nbgrader export: files nbgrader never copies (each export rewrites this block)"
+IGNORE_END = "# <<< labs nbgrader export"
+_IGNORE_BLOCK = re.compile(rf"^{re.escape(IGNORE_BEGIN)}\n.*?^{re.escape(IGNORE_END)}[^\n]*\n?", re.M | re.S)
+
+
+def ignored_files(course: Course) -> list[str]:
+    """What nbgrader must never copy out of ``source/labNN/`` (into ``release/``, or into
+    ``autograded/``): each lab's module file, which running the source notebook's
+    module cell writes next to it (the full reference), and its bytecode."""
+    return ["__pycache__", "*.pyc", *sorted({lab.filename for lab in course.labs.values()})]
+
+
+def ignore_block(course: Course) -> str:
+    """The config lines adding ``ignored_files`` to ``CourseDirectory.ignore`` (nbgrader's
+    defaults, or whatever the config set above them)."""
+    return (f"{IGNORE_BEGIN}\n"
+            f"# Running a source notebook (nbgrader validate, Run All) writes its module file, the full\n"
+            f"# reference with its solution region, into source/labNN/; nbgrader copies every file there\n"
+            f"# to students unless it is ignored. (A student's own module file is ignored too: the\n"
+            f"# module cell's text is the submission.)\n"
+            f"c.CourseDirectory.ignore.extend({ignored_files(course)!r})\n"
+            f"{IGNORE_END}\n")
+
+
+def with_ignore_block(config: str, course: Course) -> str:
+    """``config`` (an nbgrader_config.py's text) with its ignore block rewritten, or appended."""
+    block = ignore_block(course)
+    if _IGNORE_BLOCK.search(config):
+        return _IGNORE_BLOCK.sub(lambda _: block, config, count=1)
+    return config.rstrip("\n") + "\n\n" + block
 
 
 def export_course(course: Course, dest: Path, labs: list[Lab] | None = None) -> list[str]:
@@ -236,10 +316,26 @@ def export_course(course: Course, dest: Path, labs: list[Lab] | None = None) -> 
                         hidden / "labs" / lab.number / lab.filename)
         nb_dir = dest / "source" / assignment_name(lab)
         nb_dir.mkdir(parents=True, exist_ok=True)
+        stale = nb_dir / lab.filename  # written by running the source notebook: the reference
+        if stale.is_file() or stale.is_symlink():
+            stale.unlink()
+            notes.append(f"removed {stale.relative_to(dest)} (the reference, written by running the source "
+                         f"notebook); nbgrader_config.py makes nbgrader ignore it")
         (nb_dir / f"{assignment_name(lab)}.ipynb").write_text(json.dumps(lab_notebook(course, lab), indent=1) + "\n")
     config = dest / "nbgrader_config.py"
-    if config.exists() and "ClearSolutions.code_stub" in config.read_text():
-        notes.append(f"kept the existing {config.name}")
+    text = config.read_text() if config.exists() else ""
+    if "ClearSolutions.code_stub" in text:
+        updated = with_ignore_block(text, course)
+        if updated == text:
+            notes.append(f"kept the existing {config.name}")
+        elif IGNORE_BEGIN in text:
+            config.write_text(updated)
+            notes.append(f"kept the existing {config.name}; rewrote its ignored files")
+        else:
+            shutil.copyfile(config, config.with_suffix(".py.bak"))
+            config.write_text(updated)
+            notes.append(f"kept the existing {config.name}, adding the module files to CourseDirectory.ignore "
+                         f"(so the reference never reaches release/); the old one is {config.name}.bak")
     else:
         if config.exists():
             shutil.copyfile(config, config.with_suffix(".py.bak"))
@@ -247,7 +343,8 @@ def export_course(course: Course, dest: Path, labs: list[Lab] | None = None) -> 
                          f"{config.name}.bak")
         slug = re.sub(r"[^a-z0-9]+", "-", course.name.lower()).strip("-") or "labs"
         timeout = max([lab.limits.timeout_s for lab in chosen] or [1200]) + 120
-        config.write_text(NBGRADER_CONFIG.format(name=course.name, course_id=slug, timeout=timeout))
+        config.write_text(NBGRADER_CONFIG.format(name=course.name, course_id=slug, timeout=timeout,
+                                                 ignore=ignore_block(course)))
     return notes
 
 
@@ -261,6 +358,8 @@ def find_course(start: Path | None = None) -> Path:
     ``labs_course/`` at or above ``start`` (default: the current directory)."""
     env = os.environ.get(ENV_COURSE)
     if env:
+        if not (Path(env) / "labs.yaml").is_file():
+            raise FileNotFoundError(f"no hidden graders: ${ENV_COURSE} is {env}, which has no labs.yaml")
         return Path(env)
     here = (start or Path.cwd()).resolve()
     for d in [here, *here.parents]:

@@ -4,6 +4,7 @@
 scores in the gradebook, which no notebook cell can change."""
 from __future__ import annotations
 
+import ast
 import csv
 import json
 import os
@@ -37,10 +38,10 @@ def labs(cwd, *args, timeout=600):
                           timeout=timeout, env=ENV)
 
 
-def nbg(cwd, *args, timeout=900, failing_students=()):
+def nbg(cwd, *args, timeout=900, failing_students=(), env=None):
     """Run nbgrader; it must succeed, or fail for exactly ``failing_students``."""
     p = subprocess.run([sys.executable, "-m", "nbgrader", *args], cwd=cwd, capture_output=True, text=True,
-                       timeout=timeout, env=ENV)
+                       timeout=timeout, env={**ENV, **(env or {})})
     failed = sorted(re.findall(r"error processing assignment '[^']*' for student '([^']*)'", p.stdout + p.stderr))
     assert (p.returncode == 0) == (not failing_students) and failed == sorted(failing_students), \
         f"nbgrader {' '.join(args)} failed:\n{p.stdout[-3000:]}\n{p.stderr[-3000:]}"
@@ -66,6 +67,8 @@ def test_export_real_course_notebooks_configs_and_hidden_graders(tmp_path):
     nb_root = tmp_path / "nb"
     config = (nb_root / "nbgrader_config.py").read_text()
     assert 'c.ClearSolutions.code_stub = {"python": ""}' in config and "c.Execute.timeout" in config
+    ignored = re.search(r"^c\.CourseDirectory\.ignore\.extend\((.*)\)$", config, re.M)
+    assert ignored and {lab.filename for lab in course.labs.values()} <= set(ast.literal_eval(ignored[1]))
     exported = sorted(d.name for d in (nb_root / "source").iterdir())
     assert "lab04" in exported
     for name in exported:
@@ -90,6 +93,16 @@ def test_export_real_course_notebooks_configs_and_hidden_graders(tmp_path):
             assert f"feedback_part({lab.number!r}, {key!r}, {lab.filename!r})" in src(cell)
         handout = src(c[f"{name}-handout"])
         assert "pytest labs/" not in handout and "`labs grade" not in handout and "## Quick start" not in handout
+        # said in a notebook's words: no pytest (no plugin sets anything there), no checkout path, and no
+        # broken rewording of a command ("the tests runs")
+        for phrase in ("pytest", "plugin", "labs/", "labs progress"):
+            assert phrase not in handout, f"lab {lab.number} handout says {phrase!r}"
+        assert not re.findall(r"\bthe tests runs?\b|\bgraders runs\b|\bgrader run\b", handout), lab.number
+        readme = (ROOT / "labs" / lab.number / "README.md").read_text()
+        if f"labs/{lab.number}/{lab.filename}" in readme:  # "Edit only ...", kept from the Quick start
+            assert f"`{lab.filename}` (the module cell)" in handout
+        if "the course's pytest plugin sets `TRITON_INTERPRET=1`" in " ".join(readme.split()):
+            assert 'os.environ["TRITON_INTERPRET"] = "1"' in handout and "set `TRITON_INTERPRET=1` yourself" in handout
         assert "sandboxed grader" in src(c[f"{name}-intro"])
         graders = sorted(p.name for p in (ROOT / "graders" / lab.number).glob("*.py"))
         assert sorted(p.name for p in (nb_root / "labs_course/graders" / lab.number).glob("*.py")) == graders
@@ -105,6 +118,53 @@ def test_module_cell_runs_as_the_reference_and_releases_as_the_stub(tmp_path):
     (tmp_path / "toy.py").write_text(body)  # what %%writefile writes
     assert _impl.load_module(tmp_path / "toy.py").add(2, 3) == 5  # the reference's definitions win
     assert body.count("from __future__") == 1
+
+
+def test_feedback_cell_in_a_kernel_without_harness_prints_one_line(toy_course, tmp_path):
+    lab = manifest.load(toy_course).lab("07")
+    cell = nbgrader_export.feedback_cell_source(lab, "A")
+    p = subprocess.run([sys.executable, "-c", "import sys; sys.modules['harness'] = None\n"
+                        "exec(compile(sys.stdin.read(), 'cell', 'exec'))"],
+                       input=cell, cwd=tmp_path, capture_output=True, text=True, timeout=60, env=ENV)
+    assert p.returncode == 0 and p.stderr == "", p.stderr
+    assert p.stdout.count("\n") == 1 and p.stdout.startswith(nbgrader_export.NO_HARNESS), p.stdout
+
+
+def test_running_the_source_notebook_leaks_nothing_into_the_release(tmp_path):
+    """Staff run the source notebook (nbgrader validate executes it in source/lab03/, and its
+    module cell writes gqa.py there: the reference); generate_assignment must not release it.
+    (The validation's feedback cells find no hidden graders here, to keep this short: they
+    grade in a temporary folder, never next to the notebook.)"""
+    course = manifest.load(ROOT)
+    lab = course.lab("03")
+    nb_root = tmp_path / "nb"
+    p = labs(ROOT, "nbgrader", "export", str(nb_root), "--lab", lab.number)
+    assert p.returncode == 0, p.stderr
+    source = nb_root / "source/lab03"
+    p = nbg(nb_root, "validate", "source/lab03/lab03.ipynb", env={nbgrader_export.ENV_COURSE: str(tmp_path)})
+    assert "Success" in p.stdout + p.stderr
+    assert "### BEGIN SOLUTION" in (source / lab.filename).read_text()  # what the module cell wrote
+    nbg(nb_root, "generate_assignment", "lab03", "--force")
+    released = nb_root / "release/lab03"
+    assert sorted(p.relative_to(released).as_posix() for p in released.rglob("*")) == ["lab03.ipynb"]
+    text = (released / "lab03.ipynb").read_text()
+    body = "".join(src(cell) for cell in json.loads(text)["cells"])
+    assert "BEGIN SOLUTION" not in text and "END SOLUTION" not in text
+    stub = (ROOT / "labs/03" / lab.filename).read_text()
+    ref = (ROOT / "solutions/03" / lab.filename).read_text()
+    ref_only = [ln.strip() for ln in ref.splitlines() if len(ln.strip()) > 25 and ln.strip() not in stub]
+    assert len(ref_only) > 10 and not [ln for ln in ref_only if ln in body]
+
+    # an export into that course again drops the written module; a kept config without the
+    # ignore block (an older export's) gets it
+    config = nb_root / "nbgrader_config.py"
+    old = config.read_text().split(nbgrader_export.IGNORE_BEGIN)[0]
+    config.write_text(old)
+    notes = nbgrader_export.export_course(course, nb_root, [lab])
+    assert not (source / lab.filename).exists() and any("removed source/lab03/gqa.py" in n for n in notes)
+    assert config.read_text().startswith(old) and f"'{lab.filename}'" in config.read_text()
+    assert (nb_root / "nbgrader_config.py.bak").read_text() == old
+    assert nbgrader_export.export_course(course, nb_root, [lab]) == ["kept the existing nbgrader_config.py"]
 
 
 # --- a real nbgrader run on the toy lab -----------------------------------------------------
@@ -261,6 +321,9 @@ def test_feedback_part_without_hidden_graders_only_says_so(tmp_path, monkeypatch
     assert nbgrader_export.feedback_part("07", "A", "toy.py") is None
     out = capsys.readouterr()
     assert out.err == "" and out.out.startswith(nbgrader_export.FEEDBACK_ONLY) and "not installed" in out.out
+    monkeypatch.setenv(nbgrader_export.ENV_COURSE, str(tmp_path))  # names a folder without the graders
+    assert nbgrader_export.feedback_part("07", "A", "toy.py") is None
+    assert "not installed" in capsys.readouterr().out
 
 
 def test_gradebook_writer_records_part_scores_and_overwrites(toy_course, tmp_path):
@@ -270,7 +333,9 @@ def test_gradebook_writer_records_part_scores_and_overwrites(toy_course, tmp_pat
     res = {"score": 4.5, "extra_data": {"status": "ok"}, "tests": [
         {"name": "A: test_adds", "score": 1.5, "max_score": 1.5, "status": "passed", "extra_data": {"part": "A"}},
         {"name": "A: test_default", "score": 3.0, "max_score": 3.0, "status": "passed", "extra_data": {"part": "A"}},
-        {"name": "B: test_speed", "score": 0.0, "max_score": 4.0, "status": "failed", "extra_data": {"part": "B"}}]}
+        {"name": "B: test_speed", "score": 0.0, "max_score": 4.0, "status": "failed", "extra_data": {"part": "B"}},
+        {"name": "A: test_on_gpu", "score": 0.0, "max_score": 0.0, "tags": ["part A", "skipped", "gpu"],
+         "extra_data": {"part": "A", "not_run_points": 1.5}}]}  # a GPU test not run here: no status
     w = GradebookWriter(url, lab)
     w.record("alice", res)
     res["tests"][2]["score"] = 4.0
@@ -284,7 +349,44 @@ def test_gradebook_writer_records_part_scores_and_overwrites(toy_course, tmp_pat
         assert gb.find_submission("lab07", "alice").score == 8.5
         assert gb.find_assignment("lab07").max_score == 10.0
         comment = gb.find_comment("lab07-module", "lab07", "lab07", "alice").auto_comment
-        assert "4/4 failed B: test_speed" in comment
+        assert "4/4 failed B: test_speed" in comment and "0/0 not run A: test_on_gpu (worth 1.5)" in comment
+
+
+def test_grade_all_gradebook_with_a_gpu_test_and_a_bonus_part_matches_grades_csv(toy_course, tmp_path):
+    """The toy lab keeps its GPU test (not run on a CPU) and gets a bonus part: the gradebook's
+    score is results.json's and grades.csv's, and its maximum theirs (the bonus aside)."""
+    from nbgrader.api import Gradebook
+    (toy_course / "labs.yaml").write_text(re.sub(
+        r"(      B: \{title: Speed, points: 4\}\n)", r"\1      C: {title: Extra, points: 2, bonus: true}\n",
+        (toy_course / "labs.yaml").read_text()))
+    with (toy_course / "graders/07/test_toy.py").open("a") as f:
+        f.write('\n@pytest.mark.part("C")\ndef test_extra(impl):\n    assert impl.add(2, 2) == 4\n')
+    lab = manifest.load(toy_course).lab("07")
+    assert lab.points == 10 and lab.parts["C"].bonus
+    for student, text in {"ref": TOY_SOLUTION, "stub": TOY_STUB}.items():
+        (tmp_path / "subs" / student / "07").mkdir(parents=True)
+        (tmp_path / "subs" / student / "07/toy.py").write_text(text)
+    url = f"sqlite:///{tmp_path / 'gb.db'}"
+    p = labs(toy_course, "grade-all", str(tmp_path / "subs"), "--lab", "07", "--out", str(tmp_path / "out"),
+             "--jobs", "2", "--sandbox", "process", "--gradebook", url)
+    assert p.returncode == 0, p.stdout + p.stderr
+    rows = {r["student"]: r for r in csv.DictReader((tmp_path / "out/grades.csv").open())}
+    gpu_ran = False
+    with Gradebook(url) as gb:
+        assert gb.find_assignment("lab07").max_score == 10.0
+        for student, row in rows.items():
+            results = json.loads((tmp_path / "out/students" / student / "results.json").read_text())
+            gpu = next(t for t in results["tests"] if t["name"] == "A: test_on_gpu")
+            score = gb.find_submission("lab07", student).score
+            assert float(row["score"]) == results["score"] == pytest.approx(score, abs=1e-4), student
+            assert float(row["max"]) == results["extra_data"]["max_score"] == 10.0
+            gpu_ran = "status" in gpu
+            if not gpu_ran:  # not run here (no GPU): 0, and said so
+                assert gpu["score"] == 0 and "not run A: test_on_gpu" in \
+                    gb.find_comment("lab07-module", "lab07", "lab07", student).auto_comment
+        assert gb.find_grade("lab07-part-C", "lab07", "lab07", "ref").extra_credit == 2.0
+    # ref: A 4.5 of 6 (+1.5 where the GPU test ran), B 2 of 4 (the toy's perf ratio), C the bonus 2
+    assert float(rows["ref"]["score"]) == (10.0 if gpu_ran else 8.5) and float(rows["stub"]["score"]) == 0.0
 
 
 def test_grade_all_with_an_unusable_gradebook_is_a_usage_error(toy_course, tmp_path):
