@@ -19,8 +19,13 @@ from harness.toolkit import (MiB, assert_close, assert_memory, attention, call_i
 SDPA = "torch.nn.functional.scaled_dot_product_attention"
 
 
-def _qkv(gen, B, Hq, Hkv, Lq, Lk, D, dtype=torch.float32, layout="contiguous"):
+def _qkv(gen, B, Hq, Hkv, Lq, Lk, D, dtype=torch.float32, layout="contiguous", same_kv_heads=False):
+    """Random q, k, v. ``same_kv_heads``: every KV head holds the same K and V (contiguous), so
+    which KV head a query head reads cannot matter (the part C rules check values this way)."""
     q = randn((B, Hq, Lq, D), gen, dtype=dtype, layout=layout)
+    if same_kv_heads:
+        k, v = (randn((B, 1, Lk, D), gen, dtype=dtype).repeat(1, Hkv, 1, 1) for _ in "kv")
+        return q, k, v
     k = randn((B, Hkv, Lk, D), gen, dtype=dtype, layout=layout)
     v = randn((B, Hkv, Lk, D), gen, dtype=dtype, layout=layout)
     return q, k, v
@@ -31,6 +36,9 @@ def _qkv(gen, B, Hq, Hkv, Lq, Lk, D, dtype=torch.float32, layout="contiguous"):
 # small cases first; lengths off powers of two; (B, Hq, Hkv, Lq, Lk, D, causal, scale, dtype, layout).
 # Causal cases here and in the other value tests are square (Lq == Lk): where the mask of a
 # Lq != Lk call is aligned is graded once, in test_causal_mask_is_bottom_right_aligned.
+# Which KV head a query head reads is graded in test_query_head_uses_kv_head_h_div_group; the
+# other part A tests that need 1 < Hkv < Hq name a tiled mapping (h % Hkv) by replaying it
+# (_tiled_hint), the causal-mask tests use MQA (Hkv = 1), and parts B and C never depend on it.
 VALUE_CASES = [
     (1, 2, 1, 3, 3, 8, False, None, torch.float32, "contiguous"),
     (2, 4, 2, 5, 7, 16, False, None, torch.float32, "strided"),
@@ -66,6 +74,32 @@ def _head_hint(out, ref, Hq, Hkv, atol, rtol):
     return f"only query heads {bad} of {Hq} are wrong (Hkv={Hkv}, G={G} query heads per KV head), {why}; "
 
 
+TILED = "KV heads look tiled ([kv0, kv1, kv0, kv1], h % Hkv)"
+
+
+def _tiled_message(Hq, Hkv):
+    return (f"{TILED}: query head h must use KV head h // (Hq // Hkv) ([kv0, kv0, kv1, kv1], the "
+            f"repeat_interleave order; Hq={Hq}, Hkv={Hkv})")
+
+
+def _tiled(q, k, v, is_causal=False, scale=None):
+    """Float64 attention with KV heads tiled (query head h reads KV head h % Hkv): what the
+    wrong head mapping computes."""
+    G = q.shape[1] // k.shape[1]
+    out, _ = attention(q.detach(), k.detach().repeat(1, G, 1, 1), v.detach().repeat(1, G, 1, 1),
+                       is_causal=is_causal, scale=scale)
+    return out
+
+
+def _tiled_hint(out, q, k, v, is_causal=False, scale=None, atol=1e-5, rtol=1e-5):
+    """The tiled-mapping message (and '; ') when ``out`` is what h % Hkv computes, else ''."""
+    Hq, Hkv = q.shape[1], k.shape[1]
+    if Hkv in (1, Hq) or type(out) is not torch.Tensor or tuple(out.shape) != tuple(q.shape):
+        return ""
+    a, t = out.detach().double(), _tiled(q, k, v, is_causal, scale)
+    return _tiled_message(Hq, Hkv) + "; " if bool(((a - t).abs() <= atol + rtol * t.abs()).all()) else ""
+
+
 @pytest.mark.part("A")
 @pytest.mark.points(3)
 @pytest.mark.parametrize("case", VALUE_CASES, ids=_vid)
@@ -77,9 +111,11 @@ def test_output_matches_float64_oracle(impl, gen, case):
     assert isinstance(out, torch.Tensor) and out.dtype == dtype, \
         f"wrong output dtype: got {getattr(out, 'dtype', type(out))}, the contract returns q's dtype {dtype}"
     atol, rtol = tolerance(dtype, "cpu")
-    assert_close(out, ref, atol=atol, rtol=rtol, what=_head_hint(out, ref, Hq, Hkv, atol, rtol) + "attention "
-                 "output differs from the float64 oracle (check the scale, the softmax axis, the causal mask)",
-                 case=_vid(case))
+    tiled = _tiled_hint(out, q, k, v, causal, scale, atol, rtol)
+    what = (tiled + "attention output differs from the float64 oracle" if tiled else _head_hint(
+        out, ref, Hq, Hkv, atol, rtol) + "attention output differs from the float64 oracle (check the scale, the "
+        "softmax axis, the causal mask)")
+    assert_close(out, ref, atol=atol, rtol=rtol, what=what, case=_vid(case))
 
 
 @pytest.mark.part("A")
@@ -96,10 +132,9 @@ def test_query_head_uses_kv_head_h_div_group(impl, gen, Hq, Hkv):
     want = consts.repeat_interleave(Hq // Hkv)
     if not torch.allclose(got, want, atol=1e-4, rtol=1e-5):
         tiled = consts.repeat(Hq // Hkv)
-        hint = ("KV heads look tiled ([kv0, kv1, kv0, kv1], h % Hkv); query head h must use KV head "
-                "h // (Hq // Hkv) ([kv0, kv0, kv1, kv1], the repeat_interleave order)"
-                if torch.allclose(got, tiled, atol=1e-4, rtol=1e-5) else "wrong query-head to KV-head mapping")
-        raise AssertionError(f"{hint}: Hq={Hq}, Hkv={Hkv}, V of KV head i is the constant {consts.tolist()}; "
+        hint = (_tiled_message(Hq, Hkv) if torch.allclose(got, tiled, atol=1e-4, rtol=1e-5)
+                else f"wrong query-head to KV-head mapping (Hq={Hq}, Hkv={Hkv})")
+        raise AssertionError(f"{hint}: V of KV head i is the constant {consts.tolist()}; "
                              f"query heads got {got.tolist()}, expected {want.tolist()}")
 
 
@@ -175,7 +210,8 @@ def _top_left_message(Lq, Lk):
 @pytest.mark.parametrize("Lq,Lk", [(3, 8), (1, 13), (6, 17), (9, 4), (12, 5)],
                          ids=lambda x: str(x))
 def test_causal_mask_is_bottom_right_aligned(impl, gen, Lq, Lk):
-    q, k, v = _qkv(gen, 1, 4, 2, Lq, Lk, 8)
+    # MQA (Hkv = 1, all 4 query heads in one group): which KV head a query head reads cannot matter
+    q, k, v = _qkv(gen, 1, 4, 1, Lq, Lk, 8)
     out = impl.grouped_query_attention(q, k, v, is_causal=True)
     ref, _ = attention(q, k, v, is_causal=True)
     try:
@@ -192,7 +228,7 @@ def test_causal_mask_is_bottom_right_aligned(impl, gen, Lq, Lk):
 @pytest.mark.part("A")
 @pytest.mark.parametrize("Lq,Lk", [(5, 2), (8, 1)], ids=lambda x: str(x))
 def test_fully_masked_rows_give_zeros_not_nan(impl, gen, Lq, Lk):
-    q, k, v = _qkv(gen, 2, 4, 2, Lq, Lk, 8)
+    q, k, v = _qkv(gen, 2, 4, 1, Lq, Lk, 8)   # MQA, as in the causal-mask test
     out = impl.grouped_query_attention(q, k, v, is_causal=True)
     n = Lq - Lk   # queries 0..n-1 see no key
     assert not torch.isnan(out).any(), (f"NaN in the output: Lq={Lq}, Lk={Lk}, causal; queries 0..{n - 1} see no "
@@ -223,7 +259,7 @@ def test_kv_gradients_sum_over_their_query_heads(impl, gen, case):
     B, Hq, Hkv, Lq, Lk, D, causal = case
     q, k, v = (t.requires_grad_() for t in _qkv(gen, B, Hq, Hkv, Lq, Lk, D, layout="strided"))
     dout = randn((B, Hq, Lq, D), gen)
-    _, (dq, dk, dv) = vjp(impl.grouped_query_attention, (q, k, v), dout, kwargs=dict(is_causal=causal))
+    out, (dq, dk, dv) = vjp(impl.grouped_query_attention, (q, k, v), dout, kwargs=dict(is_causal=causal))
     # oracle: MHA on K/V repeated to Hq heads; a KV head's gradient is the sum over its G query heads
     G = Hq // Hkv
     qd = q.detach().double().requires_grad_()
@@ -234,6 +270,10 @@ def test_kv_gradients_sum_over_their_query_heads(impl, gen, case):
     rdk = rdk.view(B, Hkv, G, Lk, D).sum(2)
     rdv = rdv.view(B, Hkv, G, Lk, D).sum(2)
     case_id = call_id(B=B, Hq=Hq, Hkv=Hkv, Lq=Lq, Lk=Lk, D=D)
+    tiled = _tiled_hint(out, q, k, v, causal)
+    if tiled:   # the forward reads the wrong KV heads, so every gradient is wrong: name that bug
+        raise AssertionError(f"{tiled}the forward output is that of the tiled mapping, so dq/dk/dv differ "
+                             f"({case_id})")
     for name, got, want in (("dq", dq, rdq), ("dk", dk, rdk), ("dv", dv, rdv)):
         assert got is not None, f"no gradient reaches {name[1]}: keep the computation differentiable ({case_id})"
         assert_close(got, want, atol=1e-4, rtol=1e-4, case=case_id,
@@ -245,9 +285,9 @@ def test_kv_gradients_sum_over_their_query_heads(impl, gen, case):
 def test_float64_gradcheck(impl, gen):
     q, k, v = (t.double().requires_grad_() for t in _qkv(gen, 1, 4, 2, 4, 4, 5))   # causal: square
     ref, _ = attention(q.detach(), k.detach(), v.detach(), is_causal=True)
-    checked(impl.grouped_query_attention(q.detach(), k.detach(), v.detach(), is_causal=True), ref, atol=1e-10,
-            rtol=1e-10, what="float64 output differs from the oracle", case="B1-Hq4-Hkv2-Lq4-Lk4-D5-causal-fp64",
-            prop="the gradient check")
+    out = impl.grouped_query_attention(q.detach(), k.detach(), v.detach(), is_causal=True)
+    checked(out, ref, atol=1e-10, rtol=1e-10, what=_tiled_hint(out, q, k, v, True, None, 1e-10, 1e-10) + "float64 "
+            "output differs from the oracle", case="B1-Hq4-Hkv2-Lq4-Lk4-D5-causal-fp64", prop="the gradient check")
     ok = gradcheck(impl.grouped_query_attention, (q, k, v), kwargs=dict(is_causal=True), eps=1e-6, atol=1e-5)
     assert ok, "gradient check against finite differences failed in float64 (B=1, Hq=4, Hkv=2, Lq=4, Lk=4, D=5, " \
                "causal): " \
@@ -270,8 +310,9 @@ def _module(impl, gen, d_model, n_heads, n_kv_heads, bias):
     return m
 
 
-def _module_ref(m, x, H, Hkv, causal):
-    """Float64 output of the module's own weights: head h is columns [h*hd, (h+1)*hd) of a projection."""
+def _module_ref(m, x, H, Hkv, causal, attn=None):
+    """Float64 output of the module's own weights: head h is columns [h*hd, (h+1)*hd) of a projection.
+    ``attn(q, k, v, is_causal)``: the attention step (default: the float64 oracle)."""
     B, L, d = x.shape
     hd = d // H
 
@@ -279,22 +320,66 @@ def _module_ref(m, x, H, Hkv, causal):
         y = t @ mod.weight.double().T
         return y if mod.bias is None else y + mod.bias.double()
 
+    def shapes_error(e):
+        shapes = {n: tuple(getattr(getattr(m, n, None), "weight", torch.empty(0)).shape)
+                  for n in ("q_proj", "k_proj", "v_proj", "o_proj")}
+        return AssertionError(f"the projections do not have the contract's shapes (q_proj (H*hd, d), k_proj/v_proj "
+                              f"(Hkv*hd, d), o_proj (d, H*hd) weights): got {shapes} ({e})")
+
     xd = x.double()
     try:
         q = lin(xd, m.q_proj).view(B, L, H, hd).transpose(1, 2)
         k = lin(xd, m.k_proj).view(B, L, Hkv, hd).transpose(1, 2)
         v = lin(xd, m.v_proj).view(B, L, Hkv, hd).transpose(1, 2)
-        y, _ = attention(q, k, v, is_causal=causal)
+    except (RuntimeError, AttributeError) as e:
+        raise shapes_error(e) from None
+    y = attention(q, k, v, is_causal=causal)[0] if attn is None else attn(q, k, v, causal)
+    try:
         return lin(y.transpose(1, 2).reshape(B, L, H * hd), m.o_proj)
     except (RuntimeError, AttributeError) as e:
-        shapes = {n: tuple(getattr(getattr(m, n, None), "weight", torch.empty(0)).shape)
-                  for n in ("q_proj", "k_proj", "v_proj", "o_proj")}
-        raise AssertionError(f"the projections do not have the contract's shapes (q_proj (H*hd, d), k_proj/v_proj "
-                             f"(Hkv*hd, d), o_proj (d, H*hd) weights): got {shapes} ({e})") from None
+        raise shapes_error(e) from None
 
 
 MODULE_WHAT = ("module output differs from an oracle built from its own weights (head h is columns "
                "[h*head_dim, (h+1)*head_dim) of a projection: view(B, L, H, head_dim).transpose(1, 2))")
+
+
+def _close(out, ref, atol, rtol):
+    return type(out) is torch.Tensor and tuple(out.shape) == tuple(ref.shape) and \
+        bool(((out.detach().double() - ref).abs() <= atol + rtol * ref.abs()).all())
+
+
+def _module_check(impl, m, x, H, Hkv, causal, case, atol=1e-5, rtol=1e-4):
+    """``checked``'s oracle for a module output: the float64 oracle of its own weights. A module
+    whose output is the tiled head mapping's (h % Hkv) passes when it calls the submission's own
+    grouped_query_attention and that function tiles: part A grades that bug, once. Any other
+    output is graded against the oracle alone (zeros from a garbage function never pass); a
+    module that tiles K/V itself is named."""
+    def check(out):
+        ref = _module_ref(m, x, H, Hkv, causal)
+        if _close(out, ref, atol, rtol):
+            return
+        hint = ""
+        if 1 < Hkv < H and _close(out, _module_ref(m, x, H, Hkv, causal, attn=_tiled), atol, rtol):
+            if _part_a_tiles(impl, H, Hkv, causal):
+                return
+            hint = f"the module's attention reads the wrong KV heads: {_tiled_message(H, Hkv)}; "
+        assert_close(out, ref, atol=atol, rtol=rtol, what=hint + MODULE_WHAT, case=case)
+    return check
+
+
+def _part_a_tiles(impl, H, Hkv, causal) -> bool:
+    """Whether the submission's grouped_query_attention computes the tiled mapping (on fresh
+    inputs whose KV heads differ, so only that bug matches)."""
+    g = torch.Generator().manual_seed(H * 100 + Hkv)
+    q, k, v = (torch.randn(1, h, 5, 8, generator=g) for h in (H, Hkv, Hkv))
+    try:
+        out = impl.grouped_query_attention(q, k, v, is_causal=causal)
+    except Exception as e:
+        if type(e).__module__.startswith("harness."):
+            raise
+        return False
+    return _close(out, _tiled(q, k, v, causal), 1e-5, 1e-5)
 
 
 @pytest.mark.part("B")
@@ -304,9 +389,7 @@ def test_projection_shapes_follow_head_counts(impl, gen, case):
     d, H, Hkv, bias = case
     m = _module(impl, gen, d, H, Hkv, bias)
     x = randn((2, 5, d), gen)
-    checked(m(x), lambda out: assert_close(out, _module_ref(m, x, H, Hkv, False), atol=1e-5, rtol=1e-4,
-                                           what=MODULE_WHAT, case=_mid(case) + "-B2-L5"),
-            prop="the projection shapes")
+    checked(m(x), _module_check(impl, m, x, H, Hkv, False, _mid(case) + "-B2-L5"), prop="the projection shapes")
     hd = d // H
     want = {"q_proj": (d, H * hd), "k_proj": (d, Hkv * hd), "v_proj": (d, Hkv * hd), "o_proj": (H * hd, d)}
     for name, (fin, fout) in want.items():
@@ -336,9 +419,7 @@ def test_module_forward_matches_oracle_from_its_weights(impl, gen, case, causal)
     B, L, hd = 2, 7, d // H
     x = randn((B, L, d), gen)
     out = m(x, is_causal=causal)
-    ref = _module_ref(m, x, H, Hkv, causal)
-    assert_close(out, ref, atol=1e-5, rtol=1e-4, case=_mid(case) + f"-B{B}-L{L}" + ("-causal" if causal else ""),
-                 what=MODULE_WHAT)
+    _module_check(impl, m, x, H, Hkv, causal, _mid(case) + f"-B{B}-L{L}" + ("-causal" if causal else ""))(out)
 
 
 @pytest.mark.part("B")
@@ -347,9 +428,8 @@ def test_module_gradients_reach_every_projection(impl, gen, case):
     d, H, Hkv, bias = case
     m = _module(impl, gen, d, H, Hkv, bias)
     x = randn((2, 6, d), gen)
-    out = checked(m(x, is_causal=True), lambda o: assert_close(
-        o, _module_ref(m, x, H, Hkv, True), atol=1e-5, rtol=1e-4, what=MODULE_WHAT, case=_mid(case) + "-B2-L6-causal"),
-        prop="the gradient flow")
+    out = checked(m(x, is_causal=True), _module_check(impl, m, x, H, Hkv, True, _mid(case) + "-B2-L6-causal"),
+                  prop="the gradient flow")
     # loss = sum(out ** 2), so d loss / d out = 2 * out
     vjp(m, (x,), 2 * out, kwargs=dict(is_causal=True))
     md = _module(impl, gen, d, H, Hkv, bias).double()   # same architecture, float64 twin
@@ -368,6 +448,7 @@ def test_module_gradients_reach_every_projection(impl, gen, case):
 # may hold (its inputs, the scores, allocator noise), so the worker's resident memory, read
 # from outside the process, shows it however the submission hides it from the tracker.
 # Not causal: a causal Lq != Lk call would grade the mask's alignment again before any memory.
+# The values checked first use the same K/V in every KV head: the head mapping is part A's.
 MEM_CASES = [(1, 32, 2, 1, 16384, 64, False), (2, 32, 2, 4, 8192, 64, False), (1, 32, 2, 3, 16384, 64, False)]
 
 
@@ -382,7 +463,7 @@ def test_no_tensor_larger_than_scores_q_or_kv(impl, gen, case):
     B, Hq, Hkv, Lq, Lk, D, causal = case
     limit = max(B * Hq * Lq * Lk, B * Hq * Lq * D, B * Hkv * Lk * D)
     for _ in range(2):  # the first call (other inputs) warms torch up; the second is graded
-        q, k, v = _qkv(gen, B, Hq, Hkv, Lq, Lk, D)
+        q, k, v = _qkv(gen, B, Hq, Hkv, Lq, Lk, D, same_kv_heads=True)
         ref, _ = attention(q, k, v, is_causal=causal)
         _, m = measure_checked(impl.grouped_query_attention, q, k, v, is_causal=causal, no_grad=True, oracle=ref,
                                atol=1e-5, rtol=1e-5, what="decode-shaped output differs", case=_memid(case),
@@ -396,7 +477,7 @@ def test_no_tensor_larger_than_scores_q_or_kv(impl, gen, case):
 
 @pytest.mark.part("C")
 def test_does_not_call_scaled_dot_product_attention(impl, gen):
-    q, k, v = _qkv(gen, 1, 4, 2, 5, 5, 16)
+    q, k, v = _qkv(gen, 1, 4, 2, 5, 5, 16, same_kv_heads=True)   # the head mapping is graded in part A
     ops = set()
     for causal in (False, True):
         ref, _ = attention(q, k, v, is_causal=causal)
@@ -434,10 +515,10 @@ def _speed_vs_sdpa(impl, seed, shapes, device, dtype, backend, threshold):
     for n, (B, Hq, Hkv, Lq, Lk, D, causal) in enumerate(shapes):
         case = _memid((B, Hq, Hkv, Lq, Lk, D, causal))
 
-        def make(i):
+        def make(i):   # the same K/V in every KV head: the head mapping is graded in part A
             g = torch.Generator().manual_seed(seed + 7919 * i + 104729 * n)
-            return tuple(randn(s, g, dtype=dtype, device=device)
-                         for s in ((B, Hq, Lq, D), (B, Hkv, Lk, D), (B, Hkv, Lk, D)))
+            q = randn((B, Hq, Lq, D), g, dtype=dtype, device=device)
+            return (q, *(randn((B, 1, Lk, D), g, dtype=dtype, device=device).repeat(1, Hkv, 1, 1) for _ in "kv"))
 
         pool = [make(i) for i in range(10)]
 

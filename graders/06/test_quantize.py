@@ -96,6 +96,8 @@ def _codes_match(codes, want, t, case, what, known=()):
 
 
 TRUNCATED = "codes look truncated (round to nearest, not toward zero)"
+ZP_NOT_ADDED = ("zero point never added: codes are clamp(round(w / scale), 0, 2**bits - 1); the contract's codes "
+                "are clamp(round(w / scale) + zero_point, ...)")
 
 
 def _check_symmetric(w, bits, gs, case):
@@ -141,9 +143,7 @@ def _check_asymmetric(w, bits, gs, case):
         _codes_match(codes, (torch.round(t) + zpe).clamp(0, qmax), t, case,
                      "codes are not clamp(round(w / scale) + zero_point, 0, 2**bits - 1)",
                      known=[(TRUNCATED, (torch.trunc(t) + zpe).clamp(0, qmax)),
-                            ("zero point never added: codes are clamp(round(w / scale), 0, 2**bits - 1); the "
-                             "contract's codes are clamp(round(w / scale) + zero_point, ...)",
-                             torch.round(t).clamp(0, qmax))])
+                            (ZP_NOT_ADDED, torch.round(t).clamp(0, qmax))])
     return check
 
 
@@ -313,7 +313,10 @@ def test_zero_and_constant_groups_never_make_nan_or_inf(impl, gen, kind, bits, g
 @pytest.mark.part("A")
 @pytest.mark.parametrize("gs", [None, 5, 40], ids=["row", "g5", "g40"])
 def test_scale_shape_per_row_or_per_group(impl, gen, gs):
-    w = randn((3, 40), gen)
+    # non-negative with a 0 in every group (columns 0, 5, ...): the asymmetric range is [0, max] and
+    # the zero point 0, so how codes use the zero point (graded above) cannot matter to the shapes
+    w = randn((3, 40), gen).abs()
+    w[:, ::5] = 0.0
     n = 1 if gs is None else 40 // gs
     case = "out3-in40-" + ("row" if gs is None else f"g{gs}")
     _, s = checked(impl.quantize_symmetric(w, bits=8, group_size=gs), _check_symmetric(w, 8, gs, case + "-bits8"),
@@ -377,8 +380,23 @@ def test_sqnr_floor_on_gaussian_4096x4096(impl, gen, name, kind, bits, gs, floor
         c -= zp.to(torch.float32)[..., None]
     err = (w - (c * scale.to(torch.float32)[..., None]).view(4096, 4096)).norm()
     sqnr = 20 * math.log10(w.norm().item() / err.item())
+    if sqnr < floor and zp is not None and \
+            _looks_zero_point_not_added(w[:64], codes[:64], scale[:64], zp[:64], g, bits):
+        raise AssertionError(f"{ZP_NOT_ADDED} (rows 0..63 of {name}): SQNR {sqnr:.2f} dB, below the floor {floor} dB")
     assert sqnr >= floor, (f"SQNR {sqnr:.2f} dB below the floor {floor} dB for {name} on N(0, 1) 4096x4096 "
                            "(correct round-to-nearest gives about 41.2 / 20.0 / 18.6 dB)")
+
+
+def _looks_zero_point_not_added(w, codes, scale, zp, g, bits):
+    """Whether asymmetric ``codes`` are clamp(round(w / scale), 0, qmax), the zero point left out,
+    away from rounding ties, while the contract's differ (some zero point is not 0)."""
+    if not all(type(t) is torch.Tensor for t in (codes, scale, zp)) or tuple(codes.shape) != tuple(w.shape) \
+            or zp.shape != scale.shape or not bool((zp != 0).any()):
+        return False
+    s = scale.to(torch.float64)
+    t = w.to(torch.float64) / _per_elem(torch.where(s == 0, torch.ones_like(s), s), g)
+    plain = torch.round(t).clamp(0, 2 ** bits - 1)
+    return bool(((codes.to(torch.float64) == plain) | _near_tie(t)).all())
 
 
 # --- Part B: int4 packing ----------------------------------------------------------------------
@@ -469,9 +487,13 @@ def test_unpack_is_exact_inverse_of_pack(impl, gen):
 
 # --- Part C: QuantizedLinear -------------------------------------------------------------------
 
-def _ref_weight(w, bits, gs, zero_point=True):
-    """Grader's float64 dequantized weight of the contract's scheme for QuantizedLinear
-    (``zero_point=False``: bits=4 codes dequantized without their zero point, a known bug)."""
+NOT_SUBTRACTED, NOT_ADDED = "zero point not subtracted", "zero point not added"
+
+
+def _ref_weight(w, bits, gs, bug=None):
+    """Grader's float64 dequantized weight of the contract's scheme for QuantizedLinear. ``bug``
+    replays a known bits=4 bug: NOT_SUBTRACTED (codes dequantized as codes * scale, the module's)
+    or NOT_ADDED (codes clamp(round(w / scale), 0, 15) without + zero_point, quantize_asymmetric's)."""
     out_f, in_f = w.shape
     g = in_f if gs is None else gs
     wg = w.to(torch.float64).reshape(out_f, in_f // g, g)
@@ -483,8 +505,8 @@ def _ref_weight(w, bits, gs, zero_point=True):
     scale = (hi - lo) / 15
     safe = torch.where(scale == 0, torch.ones_like(scale), scale)
     zp = torch.round(-lo / safe).clamp(0, 15)
-    codes = (torch.round(wg / safe) + zp).clamp(0, 15)
-    return ((codes - (zp if zero_point else 0)) * scale).reshape(out_f, in_f), wg / safe
+    codes = (torch.round(wg / safe) + (0 if bug == NOT_ADDED else zp)).clamp(0, 15)
+    return ((codes - (0 if bug == NOT_SUBTRACTED else zp)) * scale).reshape(out_f, in_f), wg / safe
 
 
 def _linear_weight(gen, out_f, in_f, bits, gs, kind):
@@ -534,11 +556,21 @@ def test_from_linear_forward_equals_x_times_dequantized_weight(impl, gen, case):
     what = ("QuantizedLinear output differs from x @ dequantize(quantize(W)).T + bias "
             "(bits=8: symmetric per row/group; bits=4: asymmetric, group 128 by default)")
     if bits == 4 and type(y) is torch.Tensor and y.shape == ref.shape:
-        no_zp = x.double() @ _ref_weight(weight, bits, g, zero_point=False)[0].T + (b.double() if bias else 0)
-        if torch.allclose(y.double(), no_zp, atol=2e-5, rtol=1e-4):
-            what = ("zero point never subtracted: the bits=4 forward uses codes * scale, not (codes - zero_point) "
-                    "* scale")
+        what = _zero_point_hint(y, x, weight, b, g) or what
     assert_close(y, ref, atol=2e-5, rtol=1e-4, case=_qlid(case), what=what)
+
+
+def _zero_point_hint(y, x, weight, b, g):
+    """The bug class when a bits=4 output ``y`` is what a known zero-point bug computes, else ''."""
+    for bug, msg in ((NOT_SUBTRACTED, "zero point never subtracted: the bits=4 forward uses codes * scale, not "
+                                      "(codes - zero_point) * scale"),
+                     (NOT_ADDED, "zero point never added (by quantize_asymmetric: part A grades its codes): the bits=4 "
+                                 "weight dequantizes codes clamp(round(w / scale), 0, 15), the contract's are "
+                                 "clamp(round(w / scale) + zero_point, 0, 15)")):
+        want = x.double() @ _ref_weight(weight, 4, g, bug)[0].T + (0 if b is None else b.double())
+        if torch.allclose(y.double(), want, atol=2e-5, rtol=1e-4):
+            return msg
+    return ""
 
 
 def _linear_next_to(impl, weight, bias):
@@ -575,7 +607,9 @@ def _storage_figures(impl, gen, out_f, in_f, bits, gs, g, outside=True):
     memory (bytes, read from outside it) over its reading before the ``nn.Linear`` was made, with
     that layer's weight and bias dropped once ``from_linear`` returned, so only what the
     submission keeps counts, wherever it keeps it; None in-process or unless ``outside``."""
-    weight, b = _linear_weight(gen, out_f, in_f, bits, g, "normal"), randn((out_f,), gen)
+    # non-negative groups holding a 0 (zero point 0): how codes use the zero point, graded in part A and
+    # by the forward test, cannot matter to the storage
+    weight, b = _linear_weight(gen, out_f, in_f, bits, g, "nonneg"), randn((out_f,), gen)
     before = resident_bytes(impl) if outside else None
     lin = _linear_next_to(impl, weight, b)
     q = impl.QuantizedLinear.from_linear(lin, bits=bits, group_size=gs)
