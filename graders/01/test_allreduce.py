@@ -271,6 +271,52 @@ def test_reduce_scatter_returns_reduced_chunk_of_rank(W, impl, seed):
             check_comm([res[r][i]["comm"]], case=case)
 
 
+def labelled_input(rank, n, off):
+    """Rank ``rank``'s labelled input: element i holds (i + 1 + off) * (rank + 1), so element i of the
+    sum over W ranks is (i + 1 + off) * W(W+1)/2, and a returned value names the flat element it came
+    from (``off``: from the run seed)."""
+    return (torch.arange(n, dtype=torch.float32) + 1 + off) * (rank + 1)
+
+
+def body_reduce_scatter_labelled(rk, sizes, off):
+    return [rk.call(rk.impl.ring_reduce_scatter, labelled_input(rk.rank, n, off), op="sum",
+                    forbid_collectives=DATA_COLLECTIVES).out for n in sizes]
+
+
+@pytest.mark.part("A")
+@pytest.mark.points(2)
+def test_reduce_scatter_chunk_index_read_from_labelled_input(impl, seed):
+    """The chunk index by another observable than the oracle comparison: on a labelled input
+    (labelled_input) each returned value decodes to the flat element it was reduced from, and
+    rank r's must be elements [r*c, min((r+1)*c, N)). W=3; N=12 (c=4), 11 (the last rank owns 3)
+    and 7 (c=3, the last rank owns 1)."""
+    W, sizes, off = 3, [12, 11, 7], seed % 1000
+    res = run_ranks(body_reduce_scatter_labelled, W, sizes, off, impl=impl, timeout=SMALL_T)
+    total = W * (W + 1) // 2
+    for i, n in enumerate(sizes):
+        c = ceil_div(n, W)
+        for r in range(W):
+            got, valid = res[r][i], max(0, min(c, n - r * c))  # entries past N are unspecified
+            case = f"W={W}, N={n}, c=ceil(N/W)={c}, rank {r}; element i of rank q holds (i+1+{off})*(q+1)"
+            if not isinstance(got, torch.Tensor) or got.shape != (c,):
+                raise AssertionError(f"reduce-scatter must return a 1-D tensor of ceil(N/W) elements ({case}): "
+                                     f"got {getattr(got, 'shape', type(got).__name__)}")
+            idx = got[:valid].double() / total - 1 - off  # the flat element each returned value was reduced from
+            if valid and torch.equal(idx, torch.arange(r * c, r * c + valid, dtype=torch.float64)):
+                continue
+            j = int(idx[0]) // c if valid and float(idx[0]).is_integer() and 0 <= idx[0] < n else None
+            m = 0 if j is None else min(valid, n - j * c)
+            if j is not None and j != r and idx[0] == j * c and torch.equal(
+                    idx[:m], torch.arange(j * c, j * c + m, dtype=torch.float64)):
+                raise AssertionError(f"rank r holds chunk r+{(j - r) % W} (mod W), not chunk r ({case}): rank {r} "
+                                     f"returned the sums of flat elements [{j * c}, {j * c + m}), read from the "
+                                     f"labels; it must return elements [{r * c}, {r * c + valid}) (chunk {r})")
+            assert_close(got[:valid], (torch.arange(r * c, r * c + valid, dtype=torch.float64) + 1 + off) * total,
+                         atol=1e-5, rtol=1e-5, case=case,
+                         what="reduce-scatter of a labelled input is wrong (rank r returns the sums of flat "
+                              "elements [r*c, (r+1)*c))")
+
+
 @pytest.mark.part("A")
 @pytest.mark.parametrize("W", [2, 3], ids=lambda w: f"W{w}")
 def test_reduce_scatter_max_avg_and_dtypes(W, impl, seed):

@@ -131,10 +131,11 @@ def reference(seed, groups, steps, kwargs, none, W, rank_of=lambda r: r, summed=
 
 
 # Bug classes a failing case is replayed with: (what the message says, reference() options).
+STEP_COUNT = ("bias correction step counted per optimizer or per group, not per parameter: a parameter with no "
+              "gradient on any rank in a step must not advance its own step count")
 SUSPECTS = (
     ("gradient is W× the average: it is summed over the ranks, never divided by W", {"summed": True}),
-    ("bias correction step counted per optimizer or per group, not per parameter: a parameter with no gradient "
-     "on any rank in a step must not advance its own step count", {"count": "optimizer"}),
+    (STEP_COUNT, {"count": "optimizer"}),
 )
 
 
@@ -305,6 +306,61 @@ def test_bias_correction_counts_steps_per_parameter(W, skipped, impl, seed):
              what="wrong parameters after steps in which a parameter had no gradient on any rank (its bias correction "
                   "uses its own step count, as torch.optim.AdamW's state['step'])",
              case=f"W={W}, param 1's grad None on every rank in step(s) {[s + 1 for s in skipped]}")
+
+
+def _close(got, want) -> bool:
+    """Within the parameters' tolerance, elementwise."""
+    return bool(((got - want).abs() <= ATOL + RTOL * want.abs()).all())
+
+
+def adam_first_update(g, lr, betas, eps, t):
+    """The update of a parameter's first AdamW step (weight_decay=0, zero moments) with gradient ``g``,
+    bias-corrected as step ``t``: -lr * m_hat / (sqrt(v_hat) + eps); at t=1, -lr * g / (|g| + eps)."""
+    (b1, b2), g = betas, g.double()
+    return -lr * ((1 - b1) * g / (1 - b1 ** t)) / (((1 - b2) * g * g / (1 - b2 ** t)).sqrt() + eps)
+
+
+@pytest.mark.part("A")
+@pytest.mark.points(2)
+def test_first_update_of_a_late_parameter_is_adams_first_step(impl, seed):
+    """The step-count rule by another observable than the AdamW replay: a parameter whose first
+    gradient (on any rank) comes in a later step moves, in that step, by Adam's first bias-corrected
+    update, -lr * g / (|g| + eps) (t=1 for it), whatever step the optimizer is on. Group 0's second
+    parameter starts in step 4 while its first has a gradient every step (a count per group is
+    wrong there), group 1 starts in step 3 (a count per optimizer is wrong there too). W=4, N=20
+    (no padding), weight_decay=0, default betas and eps."""
+    W, steps, lr, betas, eps = 4, 4, 1e-2, (0.9, 0.999), 1e-8
+    groups = [([(7,), (3, 3)], {}), ([(4,)], {})]
+    late = {(0, 1): 3, (1, 0): 2}  # (group, param): the 0-based step of its first gradient
+    none = {gp: ("steps", list(range(s))) for gp, s in late.items()}
+    try:
+        res = run_ranks(body_train, W, seed, groups, steps, {"lr": lr, "weight_decay": 0.0}, none, impl=impl,
+                        timeout=T)
+    except (RankError, RankTimeout) as e:
+        raise type(e)(f"W={W}, late parameters: {e}") from None
+    offsets, off = {}, 0
+    for gi, (shapes, _) in enumerate(groups):
+        for pi, s in enumerate(shapes):
+            offsets[gi, pi] = (off, off + math.prod(s), s)
+            off += math.prod(s)
+    for (gi, pi), first in late.items():
+        a, b, shape = offsets[gi, pi]
+        g = torch.stack([make_grad(seed, r, first, gi, pi, shape) for r in range(W)]).sum(0).reshape(-1) / W
+        for r in range(W):
+            before, after = (res[r]["steps"][s]["params"][a:b] for s in (first - 1, first))
+            case = (f"W={W}, group {gi} param {pi}: grad None on every rank in steps 1..{first}, its first gradient "
+                    f"in step {first + 1}, rank {r}")
+            got = after.double() - before.double()
+            want = adam_first_update(g, lr, betas, eps, 1)
+            if _close(got, want):
+                continue
+            ts = [t for t in range(2, steps + 1) if _close(got, adam_first_update(g, lr, betas, eps, t))]
+            if ts:
+                raise AssertionError(f"{STEP_COUNT} ({case}: its first update was bias-corrected as step t={ts[0]}, "
+                                     f"not t=1: -lr * g / (|g| + eps))")
+            assert_close(after, (before.double() + want).float(), atol=ATOL, rtol=RTOL, case=case,
+                         what="a parameter's first update must be AdamW's first bias-corrected step, "
+                              "-lr * g / (|g| + eps) with g its averaged gradient (its own step count is 1)")
 
 
 @pytest.mark.part("A")

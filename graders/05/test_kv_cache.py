@@ -625,8 +625,8 @@ def test_storage_never_reallocated_during_generation(impl, gen):
     assert_greedy(model, out, 6, "B=2, L=6, 7 new tokens", prop=prop)
     check_logits(logits, ref_logits(model, hand), "B=2, chunks 5+1+3+1+2", prop)
     assert report["created"] >= 2, "generate(use_cache=True) never built a KVCache"
-    assert not report["bare"], NO_STORAGE.format(what=f"{report['bare']} of the {report['created']} KVCache(s) "
-                                                      f"made (by generate and by hand)")
+    assert not report["bare"], NO_STORAGE.format(what=f"KVCache ({report['bare']} of the {report['created']} "
+                                                      f"made, by generate and by hand)")
     assert not report["violations"], (
         f"the cache's storage was reallocated during generation ({report['violations'][0]}): preallocate once "
         f"in __init__ and write into it, no torch.cat")
