@@ -10,7 +10,7 @@ JOBS   ?= 2
 # the venv's console scripts (labs, nbgrader, alembic) on PATH for the tests' subprocesses
 export PATH := $(abspath $(VENV))/bin:$(PATH)
 
-.PHONY: setup demo test test-fast image clean
+.PHONY: setup demo test test-fast image image-gpu clean
 
 $(VENV)/.installed: pyproject.toml $(LOCK)
 	$(PYTHON) -m venv $(VENV)
@@ -41,8 +41,11 @@ endif
 test-fast: setup   ## framework tests only, no lab grader suites
 	$(PY) -m pytest tests --ignore=tests/test_labs.py -n $(JOBS)
 
-image: setup   ## the CPU grading image (needs a Docker engine; `labs image build --gpu` for CUDA)
+image: setup   ## the CPU grading image (needs a Docker engine)
 	$(VENV)/bin/labs image build
+
+image-gpu: setup   ## the CUDA grading image: builds without a GPU, about 10 GB and 15 min (docker/README.md); not in CI
+	$(VENV)/bin/labs image build --gpu
 
 clean:
 	rm -rf $(VENV) .pytest_cache

@@ -2,8 +2,8 @@
 
 Two images, built from ONE lock (``docker/requirements.lock``, which ``make
 setup`` installs from too): ``labs.yaml`` ``images.cpu`` (``docker/Dockerfile.cpu``,
-torch 2.13.0 CPU) and ``images.gpu`` (``docker/Dockerfile.cuda``, torch 2.14.1
-CUDA); triton 3.8.0 in both. An image holds the locked environment, the harness
+torch 2.13.0 CPU build) and ``images.gpu`` (``docker/Dockerfile.cuda``, torch
+2.13.0 CUDA build); triton 3.7.1 in both. An image holds the locked environment, the harness
 (installed as a package), ``labs.yaml``, the lab stubs (they define the
 contract) and the hidden graders, which only root may read; never the
 solutions, never a submission. Student code runs as the unprivileged
@@ -147,6 +147,12 @@ class BuiltImage:
     size_bytes: int
     build_s: float
     notes: list
+    versions: dict  # what the image's own Python imports: torch, its CUDA, triton, the harness
+
+
+# run by the built image's Python (``check_image``): the versions it grades on
+VERSIONS_SCRIPT = ("import json, torch, triton, harness.grading; print(json.dumps({'torch': torch.__version__, "
+                   "'cuda': torch.version.cuda, 'triton': triton.__version__, 'python': __import__('sys').version.split()[0]}))")
 
 
 def _has_image(client, name: str) -> bool:
@@ -248,7 +254,11 @@ def write_context(course: manifest.Course, flavor: str, ctx: Path, log: Callable
     wheels = ctx / "wheels"
     wheels.mkdir()
     # the torch wheel as the host's pip finds it (a local wheel directory, a
-    # mirror, PyPI); inside the build, pip installs it with --no-index
+    # mirror, PyPI); inside the build, pip installs it with --no-index. The CUDA
+    # build of the same version is PyPI's: a host that holds the CPU wheel (the +cpu
+    # build of that version) would hand it over, so the build fetches that one itself.
+    if flavor == "cuda":
+        return notes + _copy_ca(ctx)
     p = subprocess.run([sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--only-binary=:all:",
                         "-d", str(wheels), "-r", str(DOCKER_DIR / f"torch-{flavor}.txt")],
                        capture_output=True, text=True)
@@ -256,12 +266,33 @@ def write_context(course: manifest.Course, flavor: str, ctx: Path, log: Callable
         notes.append("the host's pip could not fetch the torch wheel; the build fetches it from the index: "
                      + (p.stderr.strip().splitlines() or ["?"])[-1][:200])
         log(notes[-1])
+    return notes + _copy_ca(ctx)
+
+
+def _copy_ca(ctx: Path) -> list:
+    """The host's CA bundle for pip, when it sets one, as ``ctx/ca.crt``; returns no notes."""
     for var in ("PIP_CERT", "REQUESTS_CA_BUNDLE", "SSL_CERT_FILE"):
         ca = os.environ.get(var)
         if ca and Path(ca).is_file():
             shutil.copyfile(ca, ctx / "ca.crt")
             break
-    return notes
+    return []
+
+
+def check_image(client, tag: str, flavor: str) -> dict:
+    """Run the image's Python once (no network): it must import torch, triton and the
+    harness, and a CUDA image's torch must be a CUDA build (``torch.version.cuda``).
+    Returns the versions; raises ContainerError."""
+    try:
+        out = client.containers.run(tag, ["python", "-c", VERSIONS_SCRIPT], remove=True, network_disabled=True)
+        versions = json.loads(out.decode().strip().splitlines()[-1])
+    except Exception as e:
+        raise ContainerError(f"image {tag} was built but its Python cannot import torch, triton and the "
+                             f"harness: {type(e).__name__}: {str(e)[-500:]}") from None
+    if flavor == "cuda" and not versions.get("cuda"):
+        raise ContainerError(f"image {tag} holds a CPU build of torch ({versions['torch']}): the CUDA image needs "
+                             f"the CUDA build (docker/torch-cuda.txt, from PyPI)")
+    return versions
 
 
 def build_image(course: manifest.Course, *, gpu: bool = False, base_image: str | None = None,
@@ -300,8 +331,10 @@ def build_image(course: manifest.Course, *, gpu: bool = False, base_image: str |
                 before.add(image_id)  # still in use (a container): leave it
         if not ours:
             break
+    versions = check_image(client, tag, flavor)
     size = client.images.get(tag).attrs["Size"]
-    return BuiltImage(tag=tag, base=base, size_bytes=size, build_s=time.monotonic() - t0, notes=notes)
+    return BuiltImage(tag=tag, base=base, size_bytes=size, build_s=time.monotonic() - t0, notes=notes,
+                      versions=versions)
 
 
 # --- grading -----------------------------------------------------------------

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import tempfile
@@ -35,7 +36,7 @@ def _pins(text: str) -> dict:
     return out
 
 
-def test_lock_pins_every_installed_project_dependency_and_triton_3_8():
+def test_lock_pins_every_installed_project_dependency_and_one_torch():
     import re
     import tomllib
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
@@ -45,9 +46,48 @@ def test_lock_pins_every_installed_project_dependency_and_triton_3_8():
     names = {re.split(r"[<>=!~\[; ]", r, maxsplit=1)[0].lower().replace("_", "-") for r in wanted}
     missing = sorted(names - set(pins) - {"torch"})
     assert not missing, f"docker/requirements.lock has no pin for {missing}: add them (the images and make setup use it)"
-    assert pins["triton"] == "3.8.0"
-    assert _pins((ROOT / "docker/torch-cpu.txt").read_text()) == {"torch": "2.13.0"}
-    assert _pins((ROOT / "docker/torch-cuda.txt").read_text())["torch"].startswith("2.14.")
+    assert extras["triton"] == [f"triton=={pins['triton']}"], "pyproject's triton extra and the lock disagree"
+    cpu, cuda = (_pins((ROOT / f"docker/torch-{f}.txt").read_text()) for f in ("cpu", "cuda"))
+    assert cpu == cuda == {"torch": "2.13.0"}, "one torch version for every flavour (docker/torch-*.txt)"
+
+
+CUDA_USER_SPACE = re.compile(r"^(nvidia-.*|cuda-(toolkit|bindings|pathfinder|python)|nvidia)$")
+
+
+def _install_set(torch_file: str, *, pypi: bool) -> dict:
+    """What pip would install for the course's runtime (torch from ``torch_file``, the
+    project's dependencies and the triton extra, under the lock): ``{name: version}``.
+    ``pypi``: resolve against PyPI alone (the CUDA image's build: no local +cpu wheel)."""
+    import tomllib
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    reqs = project["dependencies"] + project["optional-dependencies"]["triton"]
+    cmd = [sys.executable, "-m", "pip"] + (["--isolated"] if pypi else []) + [
+        "install", "--dry-run", "--ignore-installed", "--quiet", "--report", "-",
+        "-c", str(ROOT / "docker/requirements.lock"), "-r", str(ROOT / "docker" / torch_file), *reqs]
+    if pypi:
+        cmd += ["--index-url", "https://pypi.org/simple"]
+        cert = os.environ.get("PIP_CERT")
+        cmd += ["--cert", cert] if cert else []
+    p = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    assert p.returncode == 0, f"pip could not resolve the {torch_file} install set:\n{p.stderr[-3000:]}"
+    report = json.loads(p.stdout)
+    return {i["metadata"]["name"].lower().replace("_", "-"): i["metadata"]["version"] for i in report["install"]}
+
+
+def test_cpu_and_cuda_install_sets_differ_only_in_cuda_user_space_packages():
+    """One lock (issue: the CUDA image on the same torch): pip resolves the CPU install
+    (`make setup`, the CPU image: the +cpu wheel) and the CUDA image's install (PyPI's
+    wheel of the same torch) under docker/requirements.lock; they differ only in the CUDA
+    user-space packages the CUDA wheel pins itself, and torch's local +cpu label."""
+    cpu = _install_set("torch-cpu.txt", pypi=False)
+    cuda = _install_set("torch-cuda.txt", pypi=True)
+    assert cpu["torch"] == "2.13.0+cpu" and cuda["torch"] == "2.13.0", (cpu["torch"], cuda["torch"])
+    assert cpu["triton"] == cuda["triton"] == _pins((ROOT / "docker/requirements.lock").read_text())["triton"]
+    only_cuda = sorted(set(cuda) - set(cpu))
+    assert only_cuda and all(CUDA_USER_SPACE.match(n) for n in only_cuda), f"not CUDA user space: {only_cuda}"
+    assert not set(cpu) - set(cuda), f"only in the CPU set: {sorted(set(cpu) - set(cuda))}"
+    differ = {n: (cpu[n], cuda[n]) for n in cpu if n != "torch" and cpu[n] != cuda[n]}
+    assert not differ, f"the two install sets pin these differently: {differ}"
 
 
 def test_unknown_sandbox_is_refused(tmp_path):

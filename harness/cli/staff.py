@@ -316,7 +316,10 @@ def image_build(ctx, gpu, base_image, tag):
                         hint="start the Docker engine; see docker/ and `labs image build --help`") from None
     for note in built.notes:
         click.echo(f"labs: note: {note}", err=True)
-    click.echo(f"built {built.tag} on {built.base}: {built.size_bytes / 1e9:.2f} GB, {built.build_s:.0f} s")
+    v = built.versions
+    click.echo(f"built {built.tag} on {built.base}: {built.size_bytes / 1e9:.2f} GB, {built.build_s:.0f} s; its "
+               f"Python {v['python']}: torch {v['torch']} (CUDA {v['cuda'] or 'none'}), triton {v['triton']}, "
+               f"harness importable")
 
 
 # --- labs release ----------------------------------------------------------------

@@ -1,5 +1,5 @@
 """A real bug graded in one place: the kernel loads q and walks v with block pointers
-(tl.make_block_ptr, tl.advance). The pinned Triton 3.8 still runs them (its values are
+(tl.make_block_ptr, tl.advance). The pinned Triton 3.7 still runs them (its values are
 right), Triton 3.9 removed them; only the no-block-pointer rule fails, with its message,
 before anything runs (issue 13, point 3).
 """
