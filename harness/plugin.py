@@ -33,6 +33,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import secrets
 import sys
 import tempfile
@@ -47,6 +48,7 @@ from .errors import InfraFailure
 _state_key = pytest.StashKey["_LabsState"]()
 
 GPU_SKIP_REASON = "needs a CUDA GPU (torch.cuda.is_available() is False here); graded on a GPU runner"
+MIN_TRITON = (3, 0)  # the oldest Triton whose CUDA backend the labs' kernels and graders use (tl.dot, masks)
 
 
 def _tagged(error: Exception, kind: str | None) -> Exception:
@@ -401,6 +403,25 @@ def pytest_runtest_setup(item):
         import torch
         if not torch.cuda.is_available():
             pytest.skip(GPU_SKIP_REASON)
+        lab = _state(item.config).lab_of(item.path)
+        if lab is not None and "triton" in lab.requires:
+            why = _triton_missing()
+            if why:
+                pytest.skip(why)
+
+
+def _triton_missing() -> str:
+    """Why this environment's Triton cannot run a lab's GPU tests, or '' (a GPU machine
+    graded outside the course image may carry another Triton, or none)."""
+    try:
+        import triton
+    except ImportError as e:
+        return f"needs Triton >= {'.'.join(map(str, MIN_TRITON))} with its CUDA backend; not importable here ({e})"
+    have = tuple(int(x) for x in re.findall(r"\d+", triton.__version__)[:2])
+    if have < MIN_TRITON:
+        return (f"needs Triton >= {'.'.join(map(str, MIN_TRITON))}; this environment has {triton.__version__} "
+                f"(the course image pins the lock's)")
+    return ""
 
 
 def _lab_for(request):

@@ -90,6 +90,15 @@ def test_cpu_and_cuda_install_sets_differ_only_in_cuda_user_space_packages():
     assert not differ, f"the two install sets pin these differently: {differ}"
 
 
+def test_gpu_check_says_where_and_on_what_it_grades_and_that_a_cpu_machine_has_nothing_to_check():
+    p = subprocess.run([sys.executable, str(ROOT / "scripts/gpu_check.py"), "--sandbox", "process"],
+                       capture_output=True, text=True, timeout=300)
+    assert p.returncode == 2, p.stdout + p.stderr
+    first = p.stdout.splitlines()[0]
+    assert first.startswith("gpu check: grading in this machine's Python") and "torch 2.13.0+cpu (CUDA none)" in first
+    assert "triton 3.7.1" in first and "nothing to check" in p.stdout and "note:" not in p.stdout
+
+
 def test_unknown_sandbox_is_refused(tmp_path):
     lab = COURSE.lab("04")
     with pytest.raises(ValueError, match="sandbox must be one of docker, process"):

@@ -113,3 +113,16 @@ def test_xdist_workers_share_the_printed_seed(toy_course):
     run_seed, per_test = seeds()
     assert len(per_test) == 4 and len(set(per_test)) == 4
     assert seeds("--seed", str(run_seed)) == (run_seed, per_test)  # the printed seed replays every worker
+
+
+def test_gpu_tests_of_a_triton_lab_skip_with_the_reason_on_a_triton_without_its_features(monkeypatch):
+    """A GPU machine graded outside the course image (the GPU check in its own Python) may
+    carry no Triton or an old one: the lab's GPU tests skip saying which, never crash."""
+    import types
+
+    from harness import plugin
+    assert plugin._triton_missing() == ""   # the lock's Triton
+    monkeypatch.setitem(sys.modules, "triton", None)
+    assert plugin._triton_missing().startswith("needs Triton >= 3.0 with its CUDA backend; not importable here")
+    monkeypatch.setitem(sys.modules, "triton", types.SimpleNamespace(__version__="2.1.0"))
+    assert plugin._triton_missing() == "needs Triton >= 3.0; this environment has 2.1.0 (the course image pins the lock's)"
