@@ -18,7 +18,7 @@ process). It proves that a kernel ran, not what the kernel did: graders check th
 the ATen ops the call ran outside its kernels.
 
 Under ``TRITON_INTERPRET=1`` :func:`install` also makes ``@triton.autotune`` use the first of
-its (pruned) configs without timing them: the interpreter has no GPU to time on, and Triton's
+its configs without timing them: the interpreter has no GPU to time on, and Triton's
 own autotuner fails there with "0 active drivers" once it has two configs to compare.
 """
 from __future__ import annotations
@@ -28,7 +28,7 @@ import dataclasses
 import os
 
 _ACTIVE: list = []       # the open counters (nested measurements all count)
-_WRAPPED: dict = {}      # class -> its original ``run`` (``prune_configs`` for the autotuner)
+_WRAPPED: dict = {}      # class -> its original ``run``
 
 
 @dataclasses.dataclass
@@ -65,18 +65,26 @@ def _wrap(cls) -> None:
 
 
 def _first_config_when_interpreted(cls) -> None:
-    """``cls.prune_configs`` (``triton.runtime.autotuner.Autotuner``) keeps only the first config
-    under the interpreter: with one config left, ``Autotuner.run`` picks it without benchmarking."""
-    original = cls.__dict__.get("prune_configs")
+    """``cls.run`` (``triton.runtime.autotuner.Autotuner``) uses only its first config under the
+    interpreter: with one config, ``Autotuner.run`` launches it without benchmarking (every
+    Triton this course has pinned; pruning to one config is not enough on 3.7, which still
+    benchmarks the pruned list)."""
+    original = cls.__dict__.get("run")
     if original is None or cls in _WRAPPED:
         return
 
-    def prune_configs(self, kwargs):
-        configs = original(self, kwargs)
-        return configs[:1] if _interpreting() else configs
+    def run(self, *args, **kwargs):
+        configs = self.configs
+        if not _interpreting() or len(configs) < 2:
+            return original(self, *args, **kwargs)
+        self.configs = configs[:1]
+        try:
+            return original(self, *args, **kwargs)
+        finally:
+            self.configs = configs
 
     _WRAPPED[cls] = original
-    cls.prune_configs = prune_configs
+    cls.run = run
 
 
 def _interpreting() -> bool:
@@ -89,7 +97,7 @@ def _interpreting() -> bool:
 
 def install() -> bool:
     """Wrap the launch path of ``JITFunction`` and ``InterpretedFunction``, and the autotuner's
-    config pruning (idempotent). Imports Triton (about 0.25 s). Returns False where Triton is
+    run (idempotent). Imports Triton (about 0.25 s). Returns False where Triton is
     not installed."""
     try:
         from triton.runtime import jit
