@@ -44,7 +44,7 @@ test-fast: setup   ## framework tests only, no lab grader suites
 image: setup   ## the CPU grading image (needs a Docker engine)
 	$(VENV)/bin/labs image build
 
-image-gpu: setup   ## the CUDA grading image: builds without a GPU, about 10 GB and 15 min (docker/README.md); not in CI
+image-gpu: setup   ## the CUDA grading image: builds without a GPU (5.2 GB, about 4 min here: docker/README.md); not in CI
 	$(VENV)/bin/labs image build --gpu
 
 clean:
