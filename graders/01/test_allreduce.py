@@ -271,15 +271,16 @@ def test_reduce_scatter_returns_reduced_chunk_of_rank(W, impl, seed):
             check_comm([res[r][i]["comm"]], case=case)
 
 
-def labelled_input(rank, n, off):
-    """Rank ``rank``'s labelled input: element i holds (i + 1 + off) * (rank + 1), so element i of the
-    sum over W ranks is (i + 1 + off) * W(W+1)/2, and a returned value names the flat element it came
-    from (``off``: from the run seed)."""
-    return (torch.arange(n, dtype=torch.float32) + 1 + off) * (rank + 1)
+def labelled_input(rank, n, off, scales):
+    """Rank ``rank``'s labelled input: element i holds (i + 1 + off) * scales[rank], so element i of
+    the sum over the ranks is (i + 1 + off) * sum(scales), and a returned value names the flat
+    element it came from. ``off`` and the integer ``scales`` come from the run seed: no rank can
+    compute the sum from its own input, it must receive the others'."""
+    return (torch.arange(n, dtype=torch.float32) + 1 + off) * scales[rank]
 
 
-def body_reduce_scatter_labelled(rk, sizes, off):
-    return [rk.call(rk.impl.ring_reduce_scatter, labelled_input(rk.rank, n, off), op="sum",
+def body_reduce_scatter_labelled(rk, sizes, off, scales):
+    return [rk.call(rk.impl.ring_reduce_scatter, labelled_input(rk.rank, n, off, scales), op="sum",
                     forbid_collectives=DATA_COLLECTIVES).out for n in sizes]
 
 
@@ -291,13 +292,14 @@ def test_reduce_scatter_chunk_index_read_from_labelled_input(impl, seed):
     rank r's must be elements [r*c, min((r+1)*c, N)). W=3; N=12 (c=4), 11 (the last rank owns 3)
     and 7 (c=3, the last rank owns 1)."""
     W, sizes, off = 3, [12, 11, 7], seed % 1000
-    res = run_ranks(body_reduce_scatter_labelled, W, sizes, off, impl=impl, timeout=SMALL_T)
-    total = W * (W + 1) // 2
+    scales = (torch.randperm(30, generator=torch.Generator().manual_seed(seed))[:W] + 2).tolist()
+    res = run_ranks(body_reduce_scatter_labelled, W, sizes, off, scales, impl=impl, timeout=SMALL_T)
+    total = sum(scales)
     for i, n in enumerate(sizes):
         c = ceil_div(n, W)
         for r in range(W):
             got, valid = res[r][i], max(0, min(c, n - r * c))  # entries past N are unspecified
-            case = f"W={W}, N={n}, c=ceil(N/W)={c}, rank {r}; element i of rank q holds (i+1+{off})*(q+1)"
+            case = f"W={W}, N={n}, c=ceil(N/W)={c}, rank {r}; element i of rank q holds (i+1+off)*a_q"
             if not isinstance(got, torch.Tensor) or got.shape != (c,):
                 raise AssertionError(f"reduce-scatter must return a 1-D tensor of ceil(N/W) elements ({case}): "
                                      f"got {getattr(got, 'shape', type(got).__name__)}")
