@@ -1,5 +1,6 @@
 # Two entry points (README): `make demo` grades real lab-04 submissions, `make test` runs the suite.
-# torch is installed first and explicitly: an unpinned `torch` pulls a multi-GB CUDA build.
+# torch is installed first and explicitly, the CPU build (docker/torch-cpu.txt): on PyPI a plain
+# `torch` (or torch==2.13.0) is the multi-GB CUDA build.
 # Every install goes through docker/requirements.lock, the lock the grading images use too.
 PYTHON ?= python3
 VENV   ?= .venv

@@ -151,8 +151,9 @@ class BuiltImage:
 
 
 # run by the built image's Python (``check_image``): the versions it grades on
-VERSIONS_SCRIPT = ("import json, torch, triton, harness.grading; print(json.dumps({'torch': torch.__version__, "
-                   "'cuda': torch.version.cuda, 'triton': triton.__version__, 'python': __import__('sys').version.split()[0]}))")
+VERSIONS_SCRIPT = ("import json, sys, torch, triton, harness.grading; print(json.dumps({'torch': torch.__version__, "
+                   "'cuda': torch.version.cuda, 'triton': triton.__version__, 'python': sys.version.split()[0], "
+                   "'device': torch.cuda.get_device_name(0) if torch.cuda.is_available() else None}))")
 
 
 def _has_image(client, name: str) -> bool:
@@ -279,12 +280,16 @@ def _copy_ca(ctx: Path) -> list:
     return []
 
 
-def check_image(client, tag: str, flavor: str) -> dict:
-    """Run the image's Python once (no network): it must import torch, triton and the
-    harness, and a CUDA image's torch must be a CUDA build (``torch.version.cuda``).
-    Returns the versions; raises ContainerError."""
+def check_image(client, tag: str, flavor: str, gpus: bool = False) -> dict:
+    """Run the image's Python once (no network; ``gpus``: with the host's GPUs): it must
+    import torch, triton and the harness, and a CUDA image's torch must be a CUDA build
+    (``torch.version.cuda``), a CPU image's a CPU one. Returns the versions and the CUDA
+    device the container sees (None without one); raises ContainerError."""
+    import docker
+    gpu = {"device_requests": [docker.types.DeviceRequest(count=-1, capabilities=[["gpu"]])]} if gpus else {}
     try:
-        out = client.containers.run(tag, ["python", "-c", VERSIONS_SCRIPT], remove=True, network_disabled=True)
+        out = client.containers.run(tag, ["python", "-c", VERSIONS_SCRIPT], remove=True, network_disabled=True,
+                                    **gpu)
         versions = json.loads(out.decode().strip().splitlines()[-1])
     except Exception as e:
         raise ContainerError(f"image {tag} was built but its Python cannot import torch, triton and the "
@@ -292,6 +297,9 @@ def check_image(client, tag: str, flavor: str) -> dict:
     if flavor == "cuda" and not versions.get("cuda"):
         raise ContainerError(f"image {tag} holds a CPU build of torch ({versions['torch']}): the CUDA image needs "
                              f"the CUDA build (docker/torch-cuda.txt, from PyPI)")
+    if flavor == "cpu" and versions.get("cuda"):
+        raise ContainerError(f"image {tag} holds a CUDA build of torch ({versions['torch']}): the CPU image needs "
+                             f"the CPU build (docker/torch-cpu.txt)")
     return versions
 
 

@@ -120,7 +120,7 @@ def _torch_pin(course: Course) -> str:
             line = line.strip()
             if line.startswith("torch=="):
                 return line.split("==", 1)[1]
-    return "2.13.0"
+    return "2.13.0+cpu"
 
 
 def build_zip(course: Course, lab: Lab, out: Path, visibility: str = "after_published") -> list[str]:

@@ -40,20 +40,29 @@ def _version(name: str) -> str:
         return "not installed"
 
 
+def _pin(path: str, name: str) -> str:
+    """The version a pip requirements file pins ``name`` to (``name==V``, comments ignored)."""
+    for line in (ROOT / path).read_text().splitlines():
+        line = line.split("#")[0].strip()
+        if line.startswith(f"{name}=="):
+            return line.split("==", 1)[1].strip()
+    raise SystemExit(f"gpu check: {path} pins no {name}")
+
+
 def environment(sandbox: str, course: manifest.Course) -> dict:
     """Where the check grades and the versions there (this Python's, or the image's)."""
     import torch
-    lock = (ROOT / "docker/requirements.lock").read_text()
-    want = {"torch": (ROOT / "docker/torch-cuda.txt").read_text().split("torch==")[1].split()[0],
-            "triton": lock.split("\ntriton==")[1].split()[0]}
-    env = {"sandbox": sandbox, "device": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None}
-    if sandbox == "docker":
+    want = {"torch": _pin("docker/torch-cuda.txt", "torch"), "triton": _pin("docker/requirements.lock", "triton")}
+    env = {"sandbox": sandbox}
+    if sandbox == "docker":  # the image's versions and the device its container sees, not this Python's
         env["where"] = f"the course's CUDA grading image {course.images.gpu}"
-        env.update(container.check_image(container.engine(), course.images.gpu, "cuda"))
+        env.update(container.check_image(container.engine(), course.images.gpu, "cuda",
+                                         gpus=container._gpu_runtime()))
     else:
         env["where"] = f"this machine's Python ({sys.executable})"
         env.update(torch=torch.__version__, cuda=torch.version.cuda, triton=_version("triton"),
-                   python=sys.version.split()[0])
+                   python=sys.version.split()[0],
+                   device=torch.cuda.get_device_name(0) if torch.cuda.is_available() else None)
     env["differs_from_lock"] = {k: f"{env[k]} here, {v} in the lock" for k, v in want.items()
                                 if env[k].split("+")[0] != v}
     return env
@@ -80,16 +89,20 @@ def main(argv: list[str] | None = None) -> int:
                     help="docker: the CUDA grading image; process: this machine's Python (default: docker "
                          "where the image and a GPU runtime are there)")
     args = ap.parse_args(argv)
-    import torch
-    image_ready = container.choose_sandbox(course, gpu=True)[0] == "docker" and container._gpu_runtime()
-    sandbox = args.sandbox or ("docker" if image_ready else "process")
-    env = environment(sandbox, course)
+    sandbox = args.sandbox or ("docker" if container._gpu_runtime()
+                               and container.choose_sandbox(course, gpu=True)[0] == "docker" else "process")
+    try:
+        env = environment(sandbox, course)
+    except container.ContainerError as e:
+        print(f"gpu check: {e}")
+        return 1
     print(f"gpu check: grading in {env['where']}: torch {env['torch']} (CUDA {env['cuda'] or 'none'}), "
           f"triton {env['triton']}, device {env['device'] or 'none'}")
     for k, v in env["differs_from_lock"].items():
         print(f"gpu check: note: {k} {v}: figures may differ from the grading image's")
-    if not torch.cuda.is_available():
-        print("gpu check: no CUDA device here (torch.cuda.is_available() is False): nothing to check")
+    if not env["device"]:
+        print(f"gpu check: {env['where']} sees no CUDA device (torch.cuda.is_available() is False): "
+              f"nothing to check")
         return 2
     labs = args.lab or [n for n, lab in sorted(course.labs.items()) if grading.gpu_points(course, lab)]
     out = args.out or (Path(os.environ["OUT"]) if os.environ.get("OUT") else

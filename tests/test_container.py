@@ -48,7 +48,8 @@ def test_lock_pins_every_installed_project_dependency_and_one_torch():
     assert not missing, f"docker/requirements.lock has no pin for {missing}: add them (the images and make setup use it)"
     assert extras["triton"] == [f"triton=={pins['triton']}"], "pyproject's triton extra and the lock disagree"
     cpu, cuda = (_pins((ROOT / f"docker/torch-{f}.txt").read_text()) for f in ("cpu", "cuda"))
-    assert cpu == cuda == {"torch": "2.13.0"}, "one torch version for every flavour (docker/torch-*.txt)"
+    assert cpu == {"torch": "2.13.0+cpu"} and cuda == {"torch": "2.13.0"}, \
+        "one torch version for every flavour, the CPU build pinned as such (docker/torch-*.txt)"
 
 
 CUDA_USER_SPACE = re.compile(r"^(nvidia-.*|cuda-(toolkit|bindings|pathfinder|python)|nvidia)$")

@@ -124,7 +124,7 @@ def test_real_lab_04_zip_pins_torch_and_installs_triton(tmp_path):
     graders = {f"graders/04/{p.name}" for p in (ROOT / "graders/04").glob("*.py")}
     assert graders and graders <= names and "labs/04/flash_attention.py" in names
     assert not any(n.startswith("solutions/") for n in names)
-    assert '"torch==2.13.0"' in setup and '/autograder/source[triton]' in setup
+    assert '"torch==2.13.0+cpu"' in setup and '/autograder/source[triton]' in setup
     if (ROOT / "docker/requirements.lock").is_file():
         assert "docker/requirements.lock" in names and "-c docker/requirements.lock" in setup
     assert "--json \"$RESULTS/labs-grade.json\"" in run and "submission's flash_attention.py" in run

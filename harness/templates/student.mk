@@ -1,5 +1,6 @@
 # The student repository's Makefile, written by `labs release`.
-# torch is installed first and explicitly: an unpinned `torch` pulls a multi-GB CUDA build.
+# torch is installed first and explicitly, the CPU build (docker/torch-cpu.txt): on PyPI a plain
+# `torch` (or torch==2.13.0) is the multi-GB CUDA build.
 # Every install goes through docker/requirements.lock, the lock the graders use too.
 PYTHON ?= python3
 VENV   ?= .venv
