@@ -170,7 +170,11 @@ def notebook_handout(readme: str) -> str:
     text = _QUICK_START.sub(_quick_start, readme)
     for pattern, words in _CHECKOUT_WORDS:
         text = pattern.sub(words, text)
-    return text
+    # a replacement that starts a sentence or a paragraph starts with a capital
+    return _SENTENCE_START.sub(lambda m: m.group(1) + m.group(2)[0].upper() + m.group(2)[1:], text)
+
+
+_SENTENCE_START = re.compile(r"((?:^|\n\n|^#+ [^\n]*\n|[.!?] )\s*)(the (?:graders|course's grader))", re.M)
 
 
 def feedback_cell_source(lab: Lab, key: str) -> str:

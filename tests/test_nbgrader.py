@@ -97,7 +97,10 @@ def test_export_real_course_notebooks_configs_and_hidden_graders(tmp_path):
         # broken rewording of a command ("the tests runs")
         for phrase in ("pytest", "plugin", "labs/", "labs progress"):
             assert phrase not in handout, f"lab {lab.number} handout says {phrase!r}"
-        assert not re.findall(r"\bthe tests runs?\b|\bgraders runs\b|\bgrader run\b", handout), lab.number
+        assert not re.findall(r"\bthe tests runs?\b|\bgraders runs\b|\bgrader run\b|\b[Yy]our own the\b", handout), \
+            lab.number
+        assert not re.findall(r"(?:^|\n\n|^#+ [^\n]*\n)the (?:graders|course's grader)", handout, re.M), \
+            f"lab {lab.number}: a sentence starts in lower case"
         readme = (ROOT / "labs" / lab.number / "README.md").read_text()
         if f"labs/{lab.number}/{lab.filename}" in readme:  # "Edit only ...", kept from the Quick start
             assert f"`{lab.filename}` (the module cell)" in handout
