@@ -437,7 +437,8 @@ def write_json_atomic(path: Path | str, data: dict) -> None:
 def gpu_points(course: Course, lab: Lab) -> float:
     """Points of ``lab`` (bonus parts aside) that only a GPU can earn: its grader tests
     marked ``gpu``, weighted as ``grading.score`` does. Without graders (a student
-    checkout): labs.yaml's ``gpu_points``, which ``labs release`` writes. One ``pytest --collect-only`` of every lab's graders, cached in
+    checkout): labs.yaml's ``gpu_points``, which ``labs release`` writes. Raises
+    GradingError when the graders fail to collect (never a silent 0). One ``pytest --collect-only`` of every lab's graders, cached in
     ``.labs-staff/gpu-points.json`` by the graders' and labs.yaml's bytes."""
     root = course.root
     graders = sorted(p for p in (root / "graders").rglob("*.py") if "__pycache__" not in p.parts) \
@@ -460,11 +461,13 @@ def gpu_points(course: Course, lab: Lab) -> float:
         cmd = [sys.executable, "-m", "pytest", str(root / "graders"), "--collect-only", "-q", "--labs-results",
                str(out), "--rootdir", str(root), "-p", "no:cacheprovider", "-o", "addopts=--import-mode=importlib"]
         env = {**os.environ, "LABS_COURSE": str(root), "LABS_PROGRESS": "off"}
-        subprocess.run(cmd, cwd=root, env=env, capture_output=True, timeout=600)
+        p = subprocess.run(cmd, cwd=root, env=env, capture_output=True, text=True, timeout=600)
         try:
             raw = json.loads(out.read_text())
         except (OSError, ValueError):
-            return 0.0
+            raise GradingError("cannot count the points that need a GPU: collecting graders/ wrote no results: "
+                               + " ".join((p.stdout + p.stderr).split()[-30:]),
+                               hint="`pytest graders --collect-only` shows why") from None
     for num, spec in course.labs.items():
         tests = [t for t in raw["tests"] if f"/graders/{num}/" in "/" + t["nodeid"]]
         try:

@@ -14,8 +14,10 @@ check has passed:
 3. ``generated``     what is written for students instead of the staff's own:
                      ``README.md`` (``templates/student-README.md``),
                      ``Makefile`` (``templates/student.mk``: setup, test, clean)
-                     and ``pyproject.toml`` (pytest ``testpaths = ["labs"]``,
-                     without the staff-only ``nbgrader`` extra);
+                     ``pyproject.toml`` (pytest ``testpaths = ["labs"]``,
+                     without the staff-only ``nbgrader`` extra) and ``labs.yaml``
+                     with ``gpu_points`` appended (counted from the graders,
+                     which the checkout lacks; validated);
 4. ``check``         no kept path matches ``FORBIDDEN`` (graders, solutions,
                      notebooks, grade files, archives, staff outputs), no kept file
                      is a copy of a reference module, holds a solution region or
@@ -37,6 +39,7 @@ import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import yaml
 
 from . import grading, impl as _impl, manifest
 from .manifest import Course
@@ -115,12 +118,21 @@ def student_pyproject(text: str) -> str:
     return re.sub(r'^\s*"docker:[^\n]*\n', '', text, flags=re.M)  # a marker of the framework's tests
 
 
-def student_manifest(text: str, gpu: dict[str, float]) -> str:
+def student_manifest(course: Course, text: str, gpu: dict[str, float]) -> str:
     """The course's ``labs.yaml`` with ``gpu_points`` appended: a student checkout has no
-    graders to count the points that need a GPU from (``labs list`` shows them)."""
+    graders to count the points that need a GPU from (``labs list`` shows them). Raises
+    ReleaseError when the staff manifest already sets them or the result does not validate."""
+    if course.gpu_points:
+        raise ReleaseError("release refused: labs.yaml sets gpu_points, which labs release writes from the graders",
+                           hint="remove gpu_points from labs.yaml (a staff tree counts them from graders/)")
     lines = ", ".join(f'"{n}": {p:g}' for n, p in sorted(gpu.items()))
-    return (text.rstrip("\n") + "\n\n# written by `labs release`: the points of each lab that only a GPU can earn "
-            "(tests the hidden graders run on a GPU)\n" + f"gpu_points: {{{lines}}}\n")
+    out = (text.rstrip("\n") + "\n\n# written by `labs release`: the points of each lab that only a GPU can earn "
+           "(tests the hidden graders run on a GPU)\n" + f"gpu_points: {{{lines}}}\n")
+    try:
+        Course(**yaml.safe_load(out))
+    except (yaml.YAMLError, ValueError, TypeError) as e:
+        raise ReleaseError(f"release refused: the student labs.yaml does not validate: {e}") from None
+    return out
 
 
 def student_readme(course: Course, labs: list[str], gpu: dict[str, float]) -> str:
@@ -148,7 +160,7 @@ def plan(course: Course, labs: list[str] | None = None, exclude: list[str] = ())
         files["pyproject.toml"] = student_pyproject(files["pyproject.toml"].decode()).encode()
     gpu = {n: grading.gpu_points(course, course.labs[n]) for n in released}
     if "labs.yaml" in files:
-        files["labs.yaml"] = student_manifest(files["labs.yaml"].decode(), gpu).encode()
+        files["labs.yaml"] = student_manifest(course, files["labs.yaml"].decode(), gpu).encode()
     files["README.md"] = student_readme(course, released, gpu).encode()
     if (root / "Makefile").is_file():
         files["Makefile"] = (TEMPLATES / "student.mk").read_bytes()

@@ -179,3 +179,13 @@ def test_release_refuses_a_non_empty_or_inner_folder_and_filters_labs(toy_course
     p = labs(toy_course, "release", str(tmp_path / "only7"), "--lab", "07")
     assert p.returncode == 0 and not (tmp_path / "only7/labs/08").exists()
     assert "labs/08/other.py: labs/08 is not a lab in labs.yaml" in p.stdout
+
+
+def test_release_refuses_a_staff_manifest_that_sets_gpu_points_and_writes_nothing(toy_course, tmp_path):
+    """gpu_points is what release writes into the student labs.yaml from the graders; a staff
+    labs.yaml that sets it would be appended to twice (YAML keeps the last key silently)."""
+    with open(toy_course / "labs.yaml", "a") as f:
+        f.write('gpu_points: {"07": 1.5}\n')
+    p = labs(toy_course, "release", str(tmp_path / "student"))
+    assert p.returncode == 2 and "labs.yaml sets gpu_points" in p.stderr and "Traceback" not in p.stderr, p.stderr
+    assert not (tmp_path / "student").exists()

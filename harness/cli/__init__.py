@@ -72,10 +72,14 @@ def list_labs(ctx, as_json):
     course = _course(ctx)
     rows = []
     for num, lab in sorted(course.labs.items()):
-        gpu = grading.gpu_points(course, lab)
+        try:
+            gpu = grading.gpu_points(course, lab)
+        except grading.GradingError:
+            gpu = None
         rows.append({"lab": num, "title": lab.title, "module": f"labs/{num}/{lab.filename}",
                      "parts": {k: p.points for k, p in lab.parts.items()}, "points": lab.points,
-                     "gpu_points": gpu, "gpu": f"{gpu:g} pts need a GPU" if gpu else "none",
+                     "gpu_points": gpu, "gpu": "unknown (graders fail to collect)" if gpu is None else
+                     f"{gpu:g} pts need a GPU" if gpu else "none",
                      "stub": (course.root / "labs" / num / lab.filename).is_file()})
     if as_json:
         click.echo(json.dumps(rows, indent=2))
