@@ -406,7 +406,10 @@ def pytest_runtest_setup(item):
         lab = _state(item.config).lab_of(item.path)
         if lab is not None and "triton" in lab.requires:
             why = _triton_missing()
-            if why:
+            if why and item.config.getoption("labs_sandbox") == "worker":  # a graded run: the runner is broken
+                _record(item, "labs_infra", f"the grading environment's Triton: {why}")
+                pytest.fail(f"grading environment: {why}", pytrace=False)
+            if why:  # a local run or the GPU check in another Python: say so and go on
                 pytest.skip(why)
 
 

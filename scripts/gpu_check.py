@@ -9,8 +9,9 @@ It says where it grades and on what: in the course's CUDA grading image
 (``--sandbox process``: a GPU machine without Docker, the course's pure-Python
 dependencies installed from the lock), with the torch, CUDA and Triton versions
 there; versions other than the lock's are named, since figures taken on them may
-differ from the image's. GPU tests that this environment cannot run (no CUDA device,
-no Triton or one too old) are skipped with the reason by the graders themselves.
+differ from the image's. A lab this environment cannot grade (no usable Triton: the
+graders record it as an infrastructure failure, never a student's 0) is reported
+with the reason and the check goes on to the next lab.
 
 Writes ``DIR/gpu-check.json`` (default DIR: ``$OUT`` when set, else
 ``.labs-staff/gpu-check``): per lab the reference's score and, per GPU test, its
@@ -70,7 +71,10 @@ def environment(sandbox: str, course: manifest.Course) -> dict:
 
 def check_lab(course: manifest.Course, number: str, sandbox: str) -> dict:
     lab = course.lab(number)
-    r = grading.grade(ROOT / "solutions", lab, course, sandbox=sandbox)
+    try:
+        r = grading.grade(ROOT / "solutions", lab, course, sandbox=sandbox)
+    except grading.GradingError as e:  # the environment cannot grade (e.g. no usable Triton): say why
+        return {"error": str(e), "gpu_tests": []}
     gpu = [t for t in r.tests if "gpu" in t.tags]
     return {"score": r.score, "max_score": r.max_score, "max_score_runnable": r.max_score_runnable,
             "duration_s": round(r.duration_s, 1),
@@ -116,7 +120,11 @@ def main(argv: list[str] | None = None) -> int:
             ok &= t["outcome"] == "passed"
             print(f"  lab {number} {t['outcome']:>7} {t['score']:5.2f}/{t['max_score']:5.2f} {t['name']}"
                   + (f": {t['headline'][:120]}" if t["outcome"] != "passed" else ""))
-        print(f"lab {number}: reference {res['score']:g} / {res['max_score']:g} ({res['duration_s']} s)")
+        if "error" in res:
+            ok = False
+            print(f"lab {number}: grading failed: {res['error'][:300]}")
+        else:
+            print(f"lab {number}: reference {res['score']:g} / {res['max_score']:g} ({res['duration_s']} s)")
         (out / "gpu-check.json").write_text(json.dumps(report, indent=2))  # after each lab: a cut run keeps some
     print(f"gpu check: wrote {out / 'gpu-check.json'}")
     return 0 if ok else 1

@@ -116,8 +116,9 @@ def test_xdist_workers_share_the_printed_seed(toy_course):
 
 
 def test_gpu_tests_of_a_triton_lab_skip_with_the_reason_on_a_triton_without_its_features(monkeypatch):
-    """A GPU machine graded outside the course image (the GPU check in its own Python) may
-    carry no Triton or an old one: the lab's GPU tests skip saying which, never crash."""
+    """A GPU machine outside the course image may carry no Triton or an old one: the reason
+    names which; a local run skips the lab's GPU tests with it, a graded run (--sandbox
+    worker) records it as an infrastructure failure (never a student's 0; needs a GPU to run)."""
     import types
 
     from harness import plugin
