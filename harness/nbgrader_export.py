@@ -320,6 +320,10 @@ def export_course(course: Course, dest: Path, labs: list[Lab] | None = None) -> 
                         hidden / "labs" / lab.number / lab.filename)
         nb_dir = dest / "source" / assignment_name(lab)
         nb_dir.mkdir(parents=True, exist_ok=True)
+        for leaked in (dest / "release" / assignment_name(lab) / lab.filename,):  # from an export before the fix
+            if leaked.is_file():
+                notes.append(f"{leaked.relative_to(dest)} exists: it is likely the reference, copied there by "
+                             f"generate_assignment from an older export; delete it and regenerate before releasing")
         stale = nb_dir / lab.filename  # written by running the source notebook: the reference
         if stale.is_file() or stale.is_symlink():
             stale.unlink()

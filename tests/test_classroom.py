@@ -384,6 +384,9 @@ def test_grade_all_warns_on_an_empty_folder_and_gives_a_stray_file_a_row(toy_cou
 
 def test_grade_all_table_shows_the_points_that_need_a_gpu(toy_course, tmp_path, monkeypatch):
     """No silent cap: without a GPU the table's Max and the mean line say what could run here."""
+    import torch
+    if torch.cuda.is_available():
+        pytest.skip("the toy lab's GPU test runs here: every point is runnable")
     from click.testing import CliRunner
 
     from harness.cli import main

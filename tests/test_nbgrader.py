@@ -168,6 +168,9 @@ def test_running_the_source_notebook_leaks_nothing_into_the_release(tmp_path):
     assert config.read_text().startswith(old) and f"'{lab.filename}'" in config.read_text()
     assert (nb_root / "nbgrader_config.py.bak").read_text() == old
     assert nbgrader_export.export_course(course, nb_root, [lab]) == ["kept the existing nbgrader_config.py"]
+    (released / lab.filename).write_text(ref)  # what generate_assignment shipped before the fix: said, not kept quiet
+    assert any(n.startswith("release/lab03/gqa.py exists: it is likely the reference")
+               for n in nbgrader_export.export_course(course, nb_root, [lab]))
 
 
 # --- a real nbgrader run on the toy lab -----------------------------------------------------
