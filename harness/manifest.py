@@ -97,7 +97,8 @@ class Lab(_Strict):
 
     @model_validator(mode="after")
     def _given_in_api(self):
-        extra = [n for n in self.given if n.split(".")[0] not in self.api or n.count(".") > 1]
+        extra = [n for n in self.given if n.split(".")[0] not in self.api or n.count(".") > 1
+                 or not all(part.isidentifier() for part in n.split("."))]
         if extra:
             raise ValueError(f"given names {extra} are not in api {self.api} (or Class.method of one)")
         if not self.tasks:
