@@ -321,6 +321,7 @@ def chromium() -> str:
 def test_html_report_is_self_contained_and_renders_table_and_plots(toy_course, tmp_path):
     exe = chromium()
     db, page = tmp_path / "p.db", tmp_path / "report" / "progress.html"
+    page.parent.mkdir()  # an output's folder must exist (a typo is an error, not created)
     seed_history(db, toy_course)
     r = labs_cli(toy_course, db, "progress", "--html", str(page))
     assert r.exit_code == 0 and page.is_file(), r.output
