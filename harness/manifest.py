@@ -188,10 +188,19 @@ class Course(_Strict):
             raise LabsError(f"{option} {path} is inside the course tree {root}",
                             hint=f"staff outputs go to {STAFF_DIR}/ (the default: git-ignored, never "
                                  f"released) or a folder outside the course")
-        if not out.parent.is_dir():
-            raise LabsError(f"{option} {path}: the folder {out.parent} does not exist",
-                            hint="create it first, or pass a path in an existing folder")
+        require_folder(path, option)
         return out
+
+
+def require_folder(path: Path | str | None, option: str) -> None:
+    """An output path's folder must exist: a typo is not silently created. Raises LabsError
+    naming ``option`` (the command-line option that gave ``path``); ``None``: nothing to check."""
+    if path is None:
+        return
+    parent = Path(path).resolve().parent
+    if not parent.is_dir():
+        raise LabsError(f"{option} {path}: the folder {parent} does not exist",
+                        hint="create it first, or pass a path in an existing folder")
 
 
 def find_root(start: Path | str | None = None) -> Path:

@@ -134,7 +134,7 @@ def grade(ctx, path, lab_number, json_path, seed, timeout_s, sandbox):
     why = ""  # why the default sandbox is a local process: a note after grading (errors come first)
     if sandbox is None:
         sandbox, why = container.choose_sandbox(course)
-    _output_file(json_path, "--json")
+    manifest.require_folder(json_path, "--json")
     result = grading.grade(path, lab, course, seed=seed, timeout_s=timeout_s, sandbox=sandbox)
     cause = _one_cause(result, path, lab)
     for note in ([why] if why else []) + [n for n in result.notes if n not in cause]:
@@ -149,13 +149,6 @@ def grade(ctx, path, lab_number, json_path, seed, timeout_s, sandbox):
         click.echo(f"labs: warning: progress not recorded ({problem})", err=True)
     if json_path:
         grading.write_json_atomic(json_path, result.to_gradescope())
-
-
-def _output_file(path: Path | None, option: str) -> None:
-    """An output file's folder must exist: a typo is not silently created (LabsError)."""
-    if path is not None and not path.resolve().parent.is_dir():
-        raise LabsError(f"{option} {path}: the folder {path.resolve().parent} does not exist",
-                        hint="create it first, or pass a path in an existing folder")
 
 
 IMPL_ERRORS = {"missing": "no module", "import": "import error", "api": "api mismatch"}
@@ -222,7 +215,7 @@ def progress_command(ctx, lab_number, as_json, html_path):
     anywhere); the store is $LABS_PROGRESS_DB or the user data directory.
     """
     course = _course(ctx)
-    _output_file(html_path, "--html")
+    manifest.require_folder(html_path, "--html")
     lab = course.lab(lab_number).number if lab_number else None
     try:
         summary = progress.summarize(course, lab=lab)
