@@ -24,6 +24,35 @@ C10D_NAMESPACES = ("c10d", "_c10d_functional", "_c10d_functional_autograd")
 C10D_NOT_COLLECTIVES = ("_wrap_tensor_autograd",)  # besides the waits: functional plumbing, no message
 
 
+def c10d_sent_elements(name: str, namespace: str, args) -> int | None:
+    """Elements an all-to-all dispatcher op sends to the *other* ranks of its group: its input
+    less this rank's own split (which stays in the process); None for any other op, or where
+    the arguments cannot be read. ``c10d.alltoall_base_(output, input, group,
+    output_split_sizes, input_split_sizes, ...)`` (``dist.all_to_all_single``; empty splits:
+    W equal blocks of rows), ``c10d.alltoall_(outputs, inputs, group, ...)``
+    (``dist.all_to_all``) and the functional ``all_to_all_single(input, output_split_sizes,
+    input_split_sizes, group_name)``."""
+    try:
+        from torch._C._distributed_c10d import ProcessGroup
+        if namespace == "c10d" and name == "alltoall_":
+            rank = ProcessGroup.unbox(args[2]).rank()
+            return sum(t.numel() for i, t in enumerate(args[1]) if i != rank)
+        if namespace == "c10d" and name == "alltoall_base_":
+            inp, group, splits = args[1], ProcessGroup.unbox(args[2]), list(args[4])
+        elif namespace in ("_c10d_functional", "_c10d_functional_autograd") and name == "all_to_all_single":
+            from torch.distributed.distributed_c10d import _resolve_process_group
+            inp, group, splits = args[0], _resolve_process_group(args[3]), list(args[2])
+        else:
+            return None
+        rank, W = group.rank(), group.size()
+        rows = inp.shape[0] if inp.dim() else 1
+        per_row = inp.numel() // rows if rows else 0
+        own = int(splits[rank]) if splits else rows // W
+        return int(inp.numel() - own * per_row)
+    except Exception:  # noqa: BLE001 - a figure we cannot read is None, never a failed call
+        return None
+
+
 class AllocationTracker(TorchDispatchMode):
     """Record allocations made by ATen ops while active.
 
@@ -56,7 +85,7 @@ class AllocationTracker(TorchDispatchMode):
         self.ops: set[str] = set()
         self.c10d_sent_bytes = 0
         self.c10d_calls: list[tuple[str, int]] = []
-        self.on_c10d = None  # called with (op, elements) for each of them
+        self.on_c10d = None  # called with (op, elements, sent) for each of them (sent: c10d_sent_elements)
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         out = func(*args, **(kwargs or {}))
@@ -69,7 +98,7 @@ class AllocationTracker(TorchDispatchMode):
                 if args and first is not None else 0
             self.c10d_calls.append((name, numel))
             if self.on_c10d is not None:
-                self.on_c10d(name, numel)
+                self.on_c10d(name, numel, c10d_sent_elements(name, func.namespace, args))
         if name == "send" and func.namespace == "c10d" and args:
             self.c10d_sent_bytes += sum(t.numel() * t.element_size() for t in tree_flatten(args[0])[0]
                                         if isinstance(t, torch.Tensor))

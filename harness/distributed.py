@@ -86,8 +86,10 @@ class Step:
     model after backward and after the step), ``comm`` (the counter's report), ``events``
     (its ordered log: ``ready`` (a gradient accumulated, ``p`` its name), ``launch`` (a
     collective: ``op``, ``numel``, ``dtype``, ``async_op``), ``send``/``recv``, ``wait``
-    (``Work.wait``/``Future.wait``), ``c10d`` (a collective dispatcher op: ``op``, ``numel``;
-    however it was reached), ``forward_done``, ``backward_done``) and ``m``; with
+    (``Work.wait``/``Future.wait``), ``c10d`` (a collective dispatcher op: ``op``, ``numel``
+    (the elements of its first argument), and for an all-to-all ``sent``: the elements it sends
+    to the other ranks, its own split left out (``harness.alloc.c10d_sent_elements``); however
+    it was reached), ``forward_done``, ``backward_done``) and ``m``; with
     ``input_grads``: ``out`` and ``input_grads`` (per argument, None for a non-tensor)."""
 
     grads: dict
@@ -139,11 +141,23 @@ class RankProxy:
                                  "forbids collectives here (point-to-point send/recv only)")
         return Call(value.get("out"), value["args"], [x is True for x in value["same"]], comm, m)
 
-    def build_model(self, spec: dict, state: dict):
+    def build_model(self, spec: dict, state: dict, device: str = "cpu"):
         """A trusted :class:`TrainNet` (``spec``, loaded with the state dict ``state``) built
-        on this rank; returns a handle to it."""
-        return _sb.run_probe("build_model", on=self.impl, spec=spec, state=state,
+        on this rank, on ``device``; returns a handle to it."""
+        return _sb.run_probe("build_model", on=self.impl, spec=spec, state=state, device=str(device),
                              what=f"rank {self.rank}: building the model")[0]
+
+    def torch_ddp(self, model, bucket_cap_mb: float):
+        """``torch.nn.parallel.DistributedDataParallel`` around ``model`` (a handle) on this
+        rank, trusted code: the baseline of a data-parallel step time. Returns a handle."""
+        return _sb.run_probe("torch_ddp", target=model, bucket_cap_mb=float(bucket_cap_mb),
+                             what=f"rank {self.rank}: wrapping the model in torch's DDP")[0]
+
+    def step_fn(self, module):
+        """A handle to ``step(x, grad_output) -> [out, grads]``: forward of ``module`` (a
+        handle), backward, the gradients taken off the parameters (``probes.probe_step_fn``). What
+        :func:`harness.toolkit.timed` times for a training step."""
+        return _sb.run_probe("step_fn", target=module, what=f"rank {self.rank}: a step function")[0]
 
     def stage_stats(self, model, reset: bool = False) -> dict | None:
         """What a watched :class:`TrainNet` (``spec["watch"]``) on this rank saw: ``rows`` (of

@@ -18,6 +18,12 @@ Sandbox calls and probes (``harness.sandbox``; student code runs only in the wor
   ``fill_held``, ``held_bytes``, ``held_storages``, ``watch_storages``,
   ``resident_bytes``, ``SandboxError``
 
+Recomputation and loss scaling (``harness.sandbox``; trusted modules built next to the code)
+  ``build_recompute`` (trusted ``RecomputeNet`` s in the worker), ``recompute`` (one watched
+  forward and backward: saved storages, kept tensors, calls by phase, RNG), ``drive_scaler``
+  (a loss scaler through scripted gradients), ``train_steps`` (training steps of a trusted
+  model), ``RecomputeNet``, ``GradScalerAdapter`` (``torch.amp.GradScaler``, the oracle)
+
 Oracles, in float64 (``harness.oracles``)
   ``attention``, ``causal_mask``, ``train_net`` (``TrainNet`` in float64)
 
@@ -42,6 +48,8 @@ from .sandbox import (SandboxError, call_views, fill_held, gradcheck, held_bytes
                       is_remote, measure, param_grads, resident_bytes, restart, saved_tensors, source, timed, vjp,
                       watch_storages)
 from .sandbox.probes import C10D_OPS, TrainNet
+from .sandbox import build_recompute, drive_scaler, recompute, train_steps
+from .sandbox.probes import GradScalerAdapter, RecomputeNet
 from .testing import (DTYPES, MiB, assert_close, assert_memory, call_id, checked, devices, expect_raises,
                       measure_checked, randn, tolerance)
 
@@ -53,6 +61,8 @@ __all__ = [
     "measure", "timed", "restart", "source", "is_instance", "is_remote", "vjp", "gradcheck", "param_grads",
     "saved_tensors", "call_views", "fill_held", "held_bytes", "held_storages", "watch_storages", "resident_bytes",
     "SandboxError",
+    # recomputation and loss scaling
+    "build_recompute", "recompute", "drive_scaler", "train_steps", "RecomputeNet", "GradScalerAdapter",
     # oracles
     "attention", "causal_mask", "train_net",
     # ranks

@@ -16,10 +16,12 @@ from .client import (VJP, Budget, Measurement, RemoteModule, RemoteObject, Sandb
                      fill_held, gradcheck, held_bytes, held_storages, is_instance, is_remote, measure,
                      measurement_from, param_grads, reachable_bytes, resident_bytes, restart, run_probe, saved_tensors, source, timed, vjp,
                      watch_storages)
+from .client import build_recompute, drive_scaler, recompute, train_steps
 from .wire import NotTransferable, View, WireError, decode, dumps, encode, loads
 
 __all__ = ["VJP", "Budget", "Measurement", "NotTransferable", "RemoteModule", "RemoteObject", "Sandbox",
            "SandboxError", "SandboxStartError", "View", "WireError", "Worker", "WorkerConfig", "WorkerCrashed",
            "WorkerTimeout", "call_views", "decode", "dumps", "encode", "fill_held", "gradcheck", "held_bytes",
            "held_storages", "is_instance", "is_remote", "loads", "measure", "measurement_from", "param_grads",
-           "reachable_bytes", "resident_bytes", "restart", "run_probe", "saved_tensors", "source", "Timed", "timed", "vjp", "watch_storages"]
+           "reachable_bytes", "resident_bytes", "restart", "run_probe", "saved_tensors", "source", "Timed", "timed", "vjp", "watch_storages",
+           "build_recompute", "recompute", "drive_scaler", "train_steps"]

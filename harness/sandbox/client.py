@@ -697,8 +697,9 @@ def _events(raw) -> list[dict]:
         for key in ("op", "dtype", "p"):
             if isinstance(e.get(key), str):
                 ev[key] = e[key][:200]
-        if isinstance(e.get("numel"), int) and not isinstance(e.get("numel"), bool):
-            ev["numel"] = e["numel"]
+        for key in ("numel", "sent"):
+            if isinstance(e.get(key), int) and not isinstance(e.get(key), bool):
+                ev[key] = e[key]
         if isinstance(e.get("async_op"), bool):
             ev["async_op"] = e["async_op"]
         out.append(ev)
@@ -1269,3 +1270,69 @@ def timed(candidate, baseline, inputs, *, warmup_inputs, check=None, kwargs: dic
         report["local_baseline_s"] = b_local
     return Timed(ratio=ratio, candidate_s=c_s, baseline_s=b_s, outside=used_outside,
                  baseline_outside=baseline_outside, figures=report)
+
+
+# --- recomputation and loss scaling (activation checkpointing, mixed precision) -----------------
+
+def build_recompute(on, specs: list, states: list):
+    """A list of trusted ``RecomputeNet`` modules (``harness.sandbox.probes``), one per spec,
+    loaded from ``states``: made in the worker holding ``on`` (the implementation module's
+    handle; the value is then a handle to the list) or here (``on`` a local module or None)."""
+    if isinstance(on, RemoteObject):
+        return run_probe("build_recompute", on=on, specs=list(specs), states=list(states),
+                         what="building the trusted modules")[0]
+    return probes.probe_build_recompute(on, list(specs), list(states))[0]
+
+
+def _checked_dict(value, what: str) -> dict:
+    if not isinstance(value, dict):
+        raise SandboxError(f"the implementation's process sent a malformed answer ({what})")
+    return value
+
+
+def recompute(target, args: tuple, *, watch, grad_output=None, kwargs: dict | None = None,
+              requires_grad: tuple | None = None, seed: int = 0, draws: int = 4, autocast_forward=None,
+              autocast_backward=None, forbid: Iterable[str] = (), reason: str = "the contract forbids it") -> dict:
+    """``out = target(*args, **kwargs)`` then ``torch.autograd.backward(out, grad_output)``, watched
+    next to the implementation (``probes.probe_recompute``): under ``torch.manual_seed(seed)``,
+    ``draws`` numbers drawn from the global RNG between forward and backward, the forward's
+    saved storages counted through ``saved_tensors_hooks`` (``watch``'s parameters left out),
+    the custom autograd nodes' kept tensors, each watched module's calls by phase, 8 numbers
+    drawn after backward. ``autocast_forward`` / ``autocast_backward``: None (as is), ``"off"``,
+    ``"float16"``, ``"bfloat16"`` (CPU autocast). ``target`` is an implementation callable for
+    the submission, or a local callable (the grader's direct call: its oracle, run here with the
+    same code). ``requires_grad``: one bool per positional argument (default: the tensors' own).
+    Returns the probe's dict (see ``probes.probe_recompute``)."""
+    rg = list(requires_grad) if requires_grad is not None else \
+        [isinstance(a, torch.Tensor) and a.requires_grad for a in args]
+    opts = {"requires_grad": rg, "seed": int(seed), "draws": int(draws), "autocast_forward": autocast_forward,
+            "autocast_backward": autocast_backward, "forbid": list(forbid), "reason": reason}
+    sent = [a.detach() if isinstance(a, torch.Tensor) else a for a in args]
+    value, _, _ = run_probe("recompute", target=target, args=sent, kwargs=kwargs or {}, watch=watch,
+                            grad_output=grad_output, opts=opts,
+                            what=f"forward and backward through {getattr(target, '_short', getattr(target, '__name__', 'a call'))}")
+    return _checked_dict(value, "recomputation")
+
+
+def drive_scaler(target, *, kwargs: dict, params: list, script: list, optimizer: dict) -> dict:
+    """Drive the loss scaler ``target(**kwargs)`` (the submission's class, or the trusted
+    ``probes.GradScalerAdapter`` run here as the oracle) through ``script``, one scripted
+    gradient per parameter and step (``probes.probe_scaler_run``). Returns its dict."""
+    value, _, _ = run_probe("scaler_run", target=target, kwargs=dict(kwargs), params=list(params),
+                            script=list(script), opts={"optimizer": dict(optimizer)},
+                            what=f"driving {getattr(target, '_short', getattr(target, '__name__', 'a scaler'))}")
+    return _checked_dict(value, "loss scaler run")
+
+
+def train_steps(target, *, spec: dict, state: dict, batches: list, scaler=None, opts: dict) -> list:
+    """Training steps of a trusted ``RecomputeNet`` through ``target`` (the submission's
+    ``train_step``, or a local reference step: the oracle), one per batch
+    (``probes.probe_train_steps``; ``scaler``: a scaler class, ``"torch.amp.GradScaler"`` (the
+    trusted ``probes.GradScalerAdapter``, made where the step runs) or None). Returns one dict
+    per step."""
+    value, _, _ = run_probe("train_steps", target=target, spec=dict(spec), state=dict(state), batches=list(batches),
+                            scaler=scaler, opts=dict(opts),
+                            what=f"training through {getattr(target, '_short', getattr(target, '__name__', 'a step'))}")
+    if not isinstance(value, list) or not all(isinstance(v, dict) for v in value):
+        raise SandboxError("the implementation's process sent malformed training steps")
+    return value
