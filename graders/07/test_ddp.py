@@ -24,7 +24,7 @@ import math
 import pytest
 import torch
 
-from harness.toolkit import assert_close, is_instance, run_ranks, source, train_net
+from harness.toolkit import assert_close, is_instance, run_ranks, source, timed, train_net
 
 T = 60.0
 T_HANG = 25.0  # the unused-parameter cases: an honest run takes ~1 s; a DDP that never launches a bucket hangs
@@ -520,3 +520,103 @@ ACCUMULATED = [{"no_sync": True}, {"skip": {1: ["b"]}}, {"no_sync": True, "skip"
 def test_an_unused_parameter_contributes_its_accumulated_gradient(W, impl, seed):
     results = train(impl, seed, W, WIDE, cap=0.0005, plan=ACCUMULATED, timeout=T_HANG)
     check_training(results, seed, WIDE, W, ACCUMULATED)
+
+
+# --- Part D: step time against torch's DistributedDataParallel ---------------------------------
+
+def deep(width, depth):
+    return {"layers": [layer(f"l{i}", width, width) for i in range(depth)]}
+
+
+def perf_batch(seed, rank, i, spec, B):
+    g = torch.Generator().manual_seed((seed * 7919 + rank * 104729 + i * 13 + 3) % 2**63)
+    d_in, d_out = spec["layers"][0]["in"], spec["layers"][-1]["out"]
+    return torch.randn(B, d_in, generator=g), torch.randn(B, d_out, generator=g) / B
+
+
+def body_step_time(rk, seed, spec, cap, B, repeats, device):
+    """Rank ``rk``: the submission's DDP and torch's, each around its own copy of the same
+    model, one training step each (forward, backward; no update) timed interleaved by the
+    timed probe; every timed step's output and averaged gradients are checked here against
+    the float64 model on the concatenated batch."""
+    state = init_state(seed, spec, 0)
+    ddp = rk.call(rk.impl.DDP, rk.build_model(spec, state, device=device), bucket_cap_mb=cap, forbid=FORBID).out
+    base = rk.torch_ddp(rk.build_model(spec, state, device=device), cap)
+    pool = [tuple(t.to(device) for t in perf_batch(seed, rk.rank, i, spec, B)) for i in range(repeats)]
+    warm = [tuple(t.to(device) for t in perf_batch(seed, rk.rank, 1000 + i, spec, B)) for i in range(3)]
+    names = [n for n, _, _ in trainable(spec)]
+    params = {n: state[n].double() for n in names}
+
+    def check(i, got):
+        out, grads = got
+        x, go = perf_batch(seed, rk.rank, i, spec, B)
+        case = f"W={rk.world_size}, rank {rk.rank}, timed step {i}"
+        assert_close(out.cpu(), forward64(params, state, spec, x, ()), atol=1e-4, rtol=1e-4,
+                     what="a timed step's output is wrong: no performance credit", case=case)
+        want = averaged_grads(seed, spec, state, rk.world_size, i, B)
+        for n, g in zip(names, grads):
+            assert g is not None, f"{case}: {n} has no gradient after a timed step: no performance credit"
+            assert_close(g.cpu(), want[n], atol=1e-4, rtol=1e-3, case=case,
+                         what=f"a timed step's averaged gradient of {n} is wrong: no performance credit")
+
+    t = timed(rk.step_fn(ddp), rk.step_fn(base), pool, warmup_inputs=warm, check=check, no_grad=False,
+              verify_baseline=False, forbid=FORBID, device=device,
+              reason="the contract forbids DistributedDataParallel and Reducer")
+    return {"student_s": t.candidate_s, "torch_s": t.baseline_s, "outside": t.outside,
+            "claimed_student_s": t.figures["claimed_candidate_s"], "claimed_torch_s": t.figures["claimed_baseline_s"]}
+
+
+_AVERAGED: dict = {}
+
+
+def averaged_grads(seed, spec, state, W, i, B):
+    """The gradients of pool step ``i`` averaged over the W ranks, float64 (computed once)."""
+    key = (seed, repr(spec), W, i, B)
+    if key not in _AVERAGED:
+        names = [n for n, _, _ in trainable(spec)]
+        params = {n: state[n].double().requires_grad_(True) for n in names}
+        total = {n: 0.0 for n in names}
+        for r in range(W):
+            x, go = perf_batch(seed, r, i, spec, B)
+            grads = torch.autograd.grad((forward64(params, state, spec, x, ()) * go.double()).sum(),
+                                        [params[n] for n in names])
+            total = {n: total[n] + g for n, g in zip(names, grads)}
+        _AVERAGED[key] = {n: g / W for n, g in total.items()}
+    return _AVERAGED[key]
+
+
+def step_time(impl, seed, W, spec, cap, B, device, timeout=240.0):
+    res = run_ranks(body_step_time, W, seed, spec, cap, B, 10, device, impl=impl, timeout=timeout,
+                    device="cuda" if device == "cuda" else "cpu")
+    student, torch_ddp = max(r["student_s"] for r in res), max(r["torch_s"] for r in res)
+    return student / torch_ddp, {"student_ms": student * 1e3, "torch_ddp_ms": torch_ddp * 1e3, "W": W,
+                                 "bucket_cap_mb": cap, "params": sum(L["in"] * L["out"] + L["out"]
+                                                                     for L in spec["layers"]),
+                                 "outside": any(r["outside"] for r in res),
+                                 "in_process_student_ms": max(r["claimed_student_s"] for r in res) * 1e3,
+                                 "in_process_torch_ddp_ms": max(r["claimed_torch_s"] for r in res) * 1e3}
+
+
+@pytest.mark.part("D")
+@pytest.mark.points(0)
+def test_cpu_step_time_vs_torch_ddp(impl, seed, record_perf):
+    """Informational on CPU (gloo, 2 ranks): one training step's time over torch DDP's with
+    the same bucket size, same run, interleaved; the timed steps' gradients are checked. The
+    figure is CPU time: gloo's threads (both DDPs' communication) run outside the per-call
+    thread clocks, and where the worker's whole CPU time is not explained by the per-call
+    claims (``in_process_*``) the rest is charged to your DDP (``outside=1``)."""
+    ratio, figures = step_time(impl, seed, 2, deep(96, 4), 0.05, 16, "cpu")
+    record_perf("ddp_step_vs_torch_ddp_cpu", ratio, **figures)
+
+
+@pytest.mark.gpu
+@pytest.mark.part("D")
+@pytest.mark.perf("ddp_step_vs_torch_ddp")
+def test_step_time_vs_torch_ddp(impl, seed, record_perf):
+    """NCCL on the available GPUs (2..4): a 6-layer, 3.5M-parameter model with 4 MiB buckets;
+    ratio = your step time / torch DDP's (lower is better)."""
+    W = min(torch.cuda.device_count(), 4)
+    if W < 2:
+        pytest.skip("needs at least 2 CUDA GPUs for a data-parallel step over NCCL")
+    ratio, figures = step_time(impl, seed, W, deep(768, 6), 4.0, 64, "cuda")
+    record_perf("ddp_step_vs_torch_ddp", ratio, **figures)
