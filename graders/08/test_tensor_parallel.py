@@ -64,6 +64,8 @@ def body_step(rk, build, layers, x, go, kwargs, members=None):
     implementation: ``"ColumnParallelLinear.from_linear"``, ...), runs forward and backward;
     with ``members`` (lists of world ranks) in this rank's group of them."""
     handles = [rk.build_linear(w, b) for w, b in layers]
+    if "activation" in kwargs:  # a dotted torch function name: its handle in the rank's process
+        kwargs = {**kwargs, "activation": rk.torch_function(kwargs["activation"])}
     if members is not None:
         kwargs = {**kwargs, "group": next(g for g in rk.new_groups(members) if g is not None)}
     owner, _, method = build.partition(".")
@@ -317,8 +319,12 @@ def test_sizes_that_do_not_fit_raise_value_error_naming_them(impl, seed):
 
 # ----------------------------------------------------------------------------- Part B
 
-def mlp_ref(x, w1, b1, w2, b2):
-    return F.linear(F.gelu(F.linear(x, w1, b1)), w2, b2)
+ACTIVATIONS = {None: F.gelu, "torch.nn.functional.relu": F.relu, "torch.nn.functional.silu": F.silu}
+
+
+def mlp_ref(activation=None):
+    act = ACTIVATIONS[activation]
+    return lambda x, w1, b1, w2, b2: F.linear(act(F.linear(x, w1, b1)), w2, b2)
 
 
 def attention_ref(n_heads, causal):
@@ -330,16 +336,26 @@ def attention_ref(n_heads, causal):
     return f
 
 
-def mlp_case(impl, seed, W, d=8, hidden=16, B=2, L=3, members=None):
+def mlp_case(impl, seed, W, d=8, hidden=16, B=2, L=3, members=None, activation=None, strided=False):
+    """``activation``: a dotted name in ``ACTIVATIONS`` passed to ``from_mlp`` (None: its
+    default, GELU); ``strided``: x and grad_output sent as non-contiguous views."""
     (w1, b1), (w2, b2) = linear_weights(seed, d, hidden, salt=2), linear_weights(seed, hidden, d, salt=3)
     x, go = torch.randn(B, L, d, generator=gen(seed, "xm")), torch.randn(B, L, d, generator=gen(seed, "gm"))
-    ref, (dx, dw1, db1, dw2, db2) = vjp64(mlp_ref, [x, w1, b1, w2, b2], go)
+    ref, (dx, dw1, db1, dw2, db2) = vjp64(mlp_ref(activation), [x, w1, b1, w2, b2], go)
     world = W if members is None else sum(len(m) for m in members)
-    res = run(impl, world, body_step, "ParallelMLP.from_mlp", [(w1, b1), (w2, b2)], x, go, {}, members)
+    kwargs = {} if activation is None else {"activation": activation}
+    sent = (noncontiguous(x), noncontiguous(go)) if strided else (x, go)
+    res = run(impl, world, body_step, "ParallelMLP.from_mlp", [(w1, b1), (w2, b2)], *sent, kwargs, members)
+    gelu_ref = vjp64(mlp_ref(), [x, w1, b1, w2, b2], go)[0] if activation is not None else None
     for g, out in enumerate(res):
         r = g if members is None else next(m.index(g) for m in members if g in m)
         h = blocks(hidden, W, r)
         case = f"ParallelMLP, W={W}, rank {r}" + ("" if members is None else f" of group {members} (world rank {g})")
+        case += (f", activation={activation.rsplit('.', 1)[1]}" if activation else "") + \
+            (", non-contiguous x and gradient" if strided else "")
+        if gelu_ref is not None and torch.allclose(out["out"].double(), gelu_ref, atol=ATOL, rtol=RTOL):
+            raise AssertionError(f"{case}: the output is the GELU MLP's: the activation argument of from_mlp "
+                                 "is ignored (GELU hard-coded)")
         for want, grad, what in ((w1[h], dw1[h], "fc1 weight rows"), (b1[h], db1[h], "fc1 bias entries"),
                                  (w2[:, h], dw2[:, h], "fc2 weight input columns")):
             check_grad(out, find_param(out["params"], want, f"{what} [{h.start}, {h.stop})", case), grad, what, case, W)
@@ -352,16 +368,18 @@ def mlp_case(impl, seed, W, d=8, hidden=16, B=2, L=3, members=None):
     return res, (B * L * d)
 
 
-def attention_case(impl, seed, W, causal, d=16, n_heads=4, B=2, L=5):
+def attention_case(impl, seed, W, causal, d=16, n_heads=4, B=2, L=5, strided=False):
     (wq, bq), (wp, bp) = linear_weights(seed, d, 3 * d, salt=4), linear_weights(seed, d, d, salt=5)
     x, go = torch.randn(B, L, d, generator=gen(seed, "xa")), torch.randn(B, L, d, generator=gen(seed, "ga"))
     ref, (dx, dwq, dbq, dwp, dbp) = vjp64(attention_ref(n_heads, causal), [x, wq, bq, wp, bp], go)
-    res = run(impl, W, body_step, "ParallelAttention.from_attention", [(wq, bq), (wp, bp)], x, go,
+    sent = (noncontiguous(x), noncontiguous(go)) if strided else (x, go)
+    res = run(impl, W, body_step, "ParallelAttention.from_attention", [(wq, bq), (wp, bp)], *sent,
               {"n_heads": n_heads, "is_causal": causal})
     D = d // n_heads
     for r, out in enumerate(res):
         rows = qkv_rows(d, W, r)
-        case = f"ParallelAttention, W={W}, rank {r}, is_causal={causal}"
+        case = f"ParallelAttention, W={W}, rank {r}, is_causal={causal}" + \
+            (", non-contiguous x and gradient" if strided else "")
         robin = torch.cat([torch.arange(j * d + hd * D, j * d + (hd + 1) * D) for j in range(3)
                            for hd in range(r, n_heads, W)])
         hints = [(wq[blocks(3 * d, W, r)], "one contiguous block of 3d/W qkv rows (rank r's rows are j*d + "
@@ -387,6 +405,22 @@ def attention_case(impl, seed, W, causal, d=16, n_heads=4, B=2, L=5):
 @pytest.mark.parametrize("W", [1, 2, 4], ids=lambda w: f"W{w}")
 def test_parallel_mlp_matches_the_unsharded_mlp(W, impl, seed):
     mlp_case(impl, seed, W)
+
+
+@pytest.mark.part("B")
+@pytest.mark.points(2)
+@pytest.mark.parametrize("activation", ["relu", "silu"])
+def test_parallel_mlp_applies_the_activation_it_is_given(activation, impl, seed):
+    mlp_case(impl, seed, 2, activation=f"torch.nn.functional.{activation}")
+
+
+@pytest.mark.part("B")
+@pytest.mark.points(2)
+def test_non_contiguous_inputs_and_gradients(impl, seed):
+    """x and the gradient reaching backward as transposed views (a ``.view`` of them fails:
+    use ``reshape`` or work on the last dim)."""
+    mlp_case(impl, seed, 2, strided=True)
+    attention_case(impl, seed, 2, True, strided=True)
 
 
 @pytest.mark.part("B")
