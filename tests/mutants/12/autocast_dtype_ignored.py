@@ -1,0 +1,6 @@
+"""train_step always autocasts to float16, whatever dtype it is given: a bfloat16 step runs in float16 (and may
+overflow where bfloat16 would not).
+Caught by: test_train_step_matches_a_float64_reference[...-bf16] ("the model's forward ran under autocast(float16)")."""
+SELECT = 'test_train_step_matches_a_float64_reference and cross_entropy-bf16'
+MUTATE = [("    with torch.autocast(device_type=device_type, dtype=dtype):\n",
+           "    with torch.autocast(device_type=device_type, dtype=torch.float16):\n")]
