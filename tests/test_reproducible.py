@@ -93,7 +93,9 @@ REAL = [("01", "floor_chunk_size", "test_reduce_scatter_returns_reduced_chunk_of
         ("06", "strided_groups", "test_symmetric_codes_scale_dtypes_shapes_and_range"),
         ("07", "sum_not_average", "test_matches_single_process_training_on_the_concatenated_batch and W2"),
         ("08", "column_splits_input_axis", "test_column_parallel_linear_matches_the_unsharded_layer and W2"),
-        ("09", "loss_not_divided_by_m", "test_loss_and_gradients_equal_one_process and 1f1b-p2-M4")]
+        ("09", "loss_not_divided_by_m", "test_loss_and_gradients_equal_one_process and 1f1b-p2-M4"),
+        ("10", "capacity_by_gate", "test_capacity_drops_the_later_tokens"),
+        ("12", "rng_not_restored", "test_checkpoint_dropout_masks_are_the_forwards")]
 
 
 @pytest.mark.parametrize("number, mutant, select", REAL, ids=[f"{n}-{m}" for n, m, _ in REAL])
