@@ -95,6 +95,7 @@ REAL = [("01", "floor_chunk_size", "test_reduce_scatter_returns_reduced_chunk_of
         ("08", "column_splits_input_axis", "test_column_parallel_linear_matches_the_unsharded_layer and W2"),
         ("09", "loss_not_divided_by_m", "test_loss_and_gradients_equal_one_process and 1f1b-p2-M4"),
         ("10", "capacity_by_gate", "test_capacity_drops_the_later_tokens"),
+        ("11", "kv_norm_skipped", "test_naive_matches_float64_oracle and odd-B2"),
         ("12", "rng_not_restored", "test_checkpoint_dropout_masks_are_the_forwards")]
 
 
