@@ -6,6 +6,7 @@ failing case, then a few elements.
 """
 from __future__ import annotations
 
+import ast
 from typing import Iterable, Sequence
 
 import pytest
@@ -205,3 +206,42 @@ def assert_memory(m, *, peak_bytes: int, largest_numel: int, what: str, case: st
                                  f"e.g. a buffer made at import, counts); {inside}. {hint}".rstrip())
     elif m.max_numel > largest_numel:
         raise AssertionError(f"{what}{where}: {inside}; the bound is {largest_numel} elements. {hint}".rstrip())
+
+
+def imported_names(source: str) -> set[str]:
+    """The dotted names a module's ``source`` text reaches: what it imports (``import a.b``,
+    ``from a import b`` gives ``a`` and ``a.b``), every bare name, every attribute chain on a
+    name (``torch.utils.checkpoint``) and every ``__import__("...")`` string. For a grader's
+    "must not use X" check on the submitted file; names built at run time from strings escape
+    it (graders patch the forbidden callables too)."""
+    names: set[str] = set()
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Import):
+            names.update(a.name for a in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module:
+            names.add(node.module)
+            names.update(f"{node.module}.{a.name}" for a in node.names)
+        elif isinstance(node, ast.Name):
+            names.add(node.id)
+        elif isinstance(node, ast.Attribute):
+            parts = []
+            while isinstance(node, ast.Attribute):
+                parts.append(node.attr)
+                node = node.value
+            if isinstance(node, ast.Name):
+                names.add(".".join([node.id] + parts[::-1]))
+        elif isinstance(node, ast.Call) and getattr(node.func, "id", "") == "__import__" and node.args \
+                and isinstance(node.args[0], ast.Constant):
+            names.add(str(node.args[0].value))
+    return names
+
+
+def assert_storage_unchanged(before: list, after: list, bug: str, case: str) -> None:
+    """The storage bytes ``after`` a refused call equal those ``before`` (lists of uint8 tensors,
+    one per storage, as ``harness.sandbox.held_bytes`` reads them). Raises AssertionError
+    naming ``bug``, ``case`` and the storages that changed."""
+    changed = [f"storage {i}: {int((a != b).sum())} of {a.numel()} bytes changed"
+               for i, (a, b) in enumerate(zip(before, after)) if not torch.equal(a, b)]
+    if len(before) != len(after):
+        changed.append(f"{len(before)} storage(s) before, {len(after)} after")
+    assert not changed, f"{bug} ({case}): " + "; ".join(changed[:3])

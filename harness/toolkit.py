@@ -50,13 +50,13 @@ from .sandbox import (SandboxError, call_views, fill_held, gradcheck, held_bytes
 from .sandbox.probes import C10D_OPS, TrainNet
 from .sandbox import build_recompute, drive_scaler, recompute, train_steps
 from .sandbox.probes import GradScalerAdapter, RecomputeNet
-from .testing import (DTYPES, MiB, assert_close, assert_memory, call_id, checked, devices, expect_raises,
-                      measure_checked, randn, tolerance)
+from .testing import (DTYPES, MiB, assert_close, assert_memory, assert_storage_unchanged, call_id, checked, devices,
+                      expect_raises, imported_names, measure_checked, randn, tolerance)
 
 __all__ = [
     # checks and inputs
     "DTYPES", "MiB", "devices", "tolerance", "randn", "call_id", "assert_close", "assert_memory", "checked",
-    "measure_checked", "expect_raises",
+    "measure_checked", "expect_raises", "assert_storage_unchanged", "imported_names",
     # sandbox calls and probes
     "measure", "timed", "restart", "source", "is_instance", "is_remote", "vjp", "gradcheck", "param_grads",
     "saved_tensors", "call_views", "fill_held", "held_bytes", "held_storages", "watch_storages", "resident_bytes",

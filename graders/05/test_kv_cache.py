@@ -15,8 +15,8 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-from harness.toolkit import (DTYPES, SandboxError, assert_close, call_views, checked, devices, expect_raises,
-                             fill_held, held_bytes, held_storages, is_remote, measure, timed, watch_storages)
+from harness.toolkit import (DTYPES, SandboxError, assert_close, assert_storage_unchanged, call_views, checked, devices,
+                             expect_raises, fill_held, held_bytes, held_storages, is_remote, measure, timed, watch_storages)
 
 # Tiny decoder: head_dim 8, GQA group 3, vocab off any power of two.
 CFG = dict(vocab_size=101, d_model=48, n_layers=2, n_heads=6, n_kv_heads=2, max_seq_len=300, ffn_hidden=80)
@@ -135,13 +135,6 @@ def fill(obj, value, what="KVCache"):
     assert fill_held(obj, value, deep=True), NO_STORAGE.format(what=what)
 
 
-def assert_unchanged(before, after, bug, case):
-    """The storage bytes ``after`` a refused call equal those ``before`` (lists from raw_bytes)."""
-    changed = [f"storage {i}: {int((a != b).sum())} of {a.numel()} bytes changed"
-               for i, (a, b) in enumerate(zip(before, after)) if not torch.equal(a, b)]
-    if len(before) != len(after):
-        changed.append(f"{len(before)} storage(s) before, {len(after)} after")
-    assert not changed, f"{bug} ({case}): " + "; ".join(changed[:3])
 
 
 def new_cache(impl, n_layers=2, B=2, S=20, Hkv=2, D=8, dtype=torch.float32, device="cpu"):
@@ -368,7 +361,7 @@ def test_overflow_raises_and_changes_no_byte(impl, gen, layer):
     case = f"7 stored + 4 new > max_seq_len=10, update of layer {layer}"
     err = expect_raises(ValueError, f"an overflowing update ({case})", cache.update, layer, k, k.clone())
     assert "max_seq_len" in str(err), f"the overflow error must name max_seq_len ({case}), got: {err}"
-    assert_unchanged(before, raw_bytes(cache), "overflow wrote to the storage before raising; check "
+    assert_storage_unchanged(before, raw_bytes(cache), "overflow wrote to the storage before raising; check "
                      "seq_len + T <= max_seq_len before the first write", case)
     assert cache.seq_len == 7, f"overflow changed seq_len to {cache.seq_len}, expected 7 ({case})"
 
@@ -385,7 +378,7 @@ def test_model_overflow_raises_and_changes_no_byte(impl, gen):
         case = "a forward of 3 tokens after 10 cached, max_seq_len=12"
         err = expect_raises(ValueError, f"an overflowing model forward ({case})", model, ids[:, 10:13], cache=cache)
     assert "max_seq_len" in str(err), f"the overflow error must name max_seq_len ({case}), got: {err}"
-    assert_unchanged(before, raw_bytes(cache), "overflow wrote to the storage before raising (through the "
+    assert_storage_unchanged(before, raw_bytes(cache), "overflow wrote to the storage before raising (through the "
                      "model: layer 0 must not write either); check seq_len + T <= max_seq_len before the first "
                      "write", case)
     assert cache.seq_len == 10, f"a forward that overflowed changed seq_len to {cache.seq_len}, expected 10 ({case})"
@@ -409,7 +402,7 @@ def test_wrong_shape_or_device_raises_value_error(impl, gen, bad):
     before = raw_bytes(cache)
     given, make = BAD_SHAPES[bad]
     expect_raises(ValueError, f"update(0, {given})", cache.update, 0, make(k), make(k.clone()))
-    assert_unchanged(before, raw_bytes(cache), "a rejected update wrote to the storage", f"{bad}: {given}")
+    assert_storage_unchanged(before, raw_bytes(cache), "a rejected update wrote to the storage", f"{bad}: {given}")
     expect_raises(ValueError, "update(0, k, v) with k of T=3 and v of T=2 (k and v must agree)",
                   cache.update, 0, k, k[:, :, :2].clone())
 

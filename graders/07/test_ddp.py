@@ -18,13 +18,12 @@ and once-per-bucket checks read that log. A failure names the bug class it match
 """
 from __future__ import annotations
 
-import ast
 import math
 
 import pytest
 import torch
 
-from harness.toolkit import assert_close, is_instance, run_ranks, source, timed, train_net
+from harness.toolkit import assert_close, imported_names, is_instance, run_ranks, source, timed, train_net
 
 T = 60.0
 T_HANG = 25.0  # the unused-parameter cases: an honest run takes ~1 s; a DDP that never launches a bucket hangs
@@ -372,31 +371,11 @@ def test_forward_is_the_modules_and_communicates_nothing(impl, seed):
                      case=f"rank {rank}")
 
 
-def _imports(tree):
-    for node in ast.walk(tree):
-        if isinstance(node, ast.Import):
-            yield from (a.name for a in node.names)
-        elif isinstance(node, ast.ImportFrom) and node.module:
-            yield node.module
-            yield from (f"{node.module}.{a.name}" for a in node.names)
-        elif isinstance(node, ast.Name):
-            yield node.id
-        elif isinstance(node, ast.Attribute):
-            parts = []
-            while isinstance(node, ast.Attribute):
-                parts.append(node.attr)
-                node = node.value
-            if isinstance(node, ast.Name):
-                yield ".".join([node.id] + parts[::-1])
-        elif isinstance(node, ast.Call) and getattr(node.func, "id", "") in ("__import__",) and node.args \
-                and isinstance(node.args[0], ast.Constant):
-            yield str(node.args[0].value)
 
 
 @pytest.mark.part("A")
 def test_built_from_scratch(impl, seed):
-    tree = ast.parse(source(impl))
-    names = set(_imports(tree))
+    names = imported_names(source(impl))
     bad = sorted(n for n in names if any(n == m or n.startswith(m + ".") for m in FORBIDDEN_MODULES)
                  or n.split(".")[-1] in ("DistributedDataParallel", "Reducer") or n.split(".")[0] == "harness"
                  or any(part in ("_post_accumulate_grad_hooks", "_backward_hooks", "_ACTIVE", "_depth")

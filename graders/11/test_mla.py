@@ -19,7 +19,8 @@ import math
 import pytest
 import torch
 
-from harness.toolkit import (MiB, assert_close, assert_memory, call_id, checked, devices, expect_raises, fill_held,
+from harness.toolkit import (MiB, assert_close, assert_memory, assert_storage_unchanged, call_id, checked, devices,
+                             expect_raises, fill_held,
                              held_bytes, held_storages, measure, measure_checked, randn, resident_bytes, restart)
 
 ATOL = RTOL = 1e-5   # float32 / float64 on CPU (contract)
@@ -231,12 +232,6 @@ def raw(obj):
     return found
 
 
-def assert_unchanged(before, after, bug, case):
-    changed = [f"storage {i}: {int((a != b).sum())} of {a.numel()} bytes changed"
-               for i, (a, b) in enumerate(zip(before, after)) if not torch.equal(a, b)]
-    if len(before) != len(after):
-        changed.append(f"{len(before)} storage(s) before, {len(after)} after")
-    assert not changed, f"{bug} ({case}): " + "; ".join(changed[:3])
 
 
 def cfg_of(name):
@@ -512,7 +507,7 @@ def test_overflow_raises_naming_max_seq_len_and_changes_nothing(impl, gen):
         err = expect_raises(ValueError, f"cache overflow not refused ({case}): raise ValueError naming max_seq_len "
                             f"before any write", layer, x[:, 7:11], cache=cache)
         assert "max_seq_len" in str(err), f"the overflow error must name max_seq_len ({case}), got: {err}"
-        assert_unchanged(before, raw(cache), "overflow wrote to the cache before raising: check seq_len + L <= "
+        assert_storage_unchanged(before, raw(cache), "overflow wrote to the cache before raising: check seq_len + L <= "
                          "max_seq_len before the first write", case)
         assert cache.seq_len == 7, f"an overflowing forward changed seq_len to {cache.seq_len}, expected 7 ({case})"
         got = feed(layer, x[:, 7:10], [3], cache)   # exactly full is allowed
@@ -539,7 +534,7 @@ def test_mismatched_cache_is_refused_and_unchanged(impl, gen, bad):
     exc = TypeError if bad == "dtype" else ValueError
     with torch.no_grad():
         expect_raises(exc, f"forward(x, cache) with {given}", layer, x, cache=cache)
-    assert_unchanged(before, raw(cache), "a refused forward wrote to the cache", given)
+    assert_storage_unchanged(before, raw(cache), "a refused forward wrote to the cache", given)
     assert cache.seq_len == 0, f"a refused forward changed seq_len to {cache.seq_len} ({given})"
 
 

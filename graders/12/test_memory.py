@@ -20,13 +20,12 @@ compared with a float64 reference step within the AMP dtype's tolerance.
 """
 from __future__ import annotations
 
-import ast
 
 import pytest
 import torch
 
 from harness.toolkit import (GradScalerAdapter, RecomputeNet, assert_close, build_recompute, checked, drive_scaler,
-                             expect_raises, recompute, source, tolerance, train_steps)
+                             expect_raises, imported_names, recompute, source, tolerance, train_steps)
 
 ATOL = RTOL = 1e-5  # float32 on CPU (the contract's); the oracle runs the same ops in the same order
 FORBID = ["torch.utils.checkpoint.checkpoint", "torch.utils.checkpoint.checkpoint_sequential",
@@ -272,26 +271,12 @@ def test_checkpoint_recomputes_under_the_forwards_autocast(case, impl, seed):
     check_like_direct(got, want, "checkpoint(fn, *args) under autocast", case, atol=1e-4, rtol=1e-4)
 
 
-def _imports(tree):
-    for node in ast.walk(tree):
-        if isinstance(node, ast.Import):
-            yield from (a.name for a in node.names)
-        elif isinstance(node, ast.ImportFrom) and node.module:
-            yield node.module
-            yield from (f"{node.module}.{a.name}" for a in node.names)
-        elif isinstance(node, ast.Attribute):
-            parts = []
-            while isinstance(node, ast.Attribute):
-                parts.append(node.attr)
-                node = node.value
-            if isinstance(node, ast.Name):
-                yield ".".join([node.id] + parts[::-1])
 
 
 @pytest.mark.part("A")
 @pytest.mark.points(2)
 def test_checkpoint_does_not_use_torch_utils_checkpoint(impl, seed):
-    names = set(_imports(ast.parse(source(impl))))
+    names = imported_names(source(impl))
     bad = sorted(n for n in names if any(n == m or n.startswith(m + ".") for m in FORBIDDEN_MODULES))
     assert not bad, f"the submission imports {', '.join(bad)}: build the autograd.Function yourself (the contract " \
                     "forbids torch.utils.checkpoint)"

@@ -538,16 +538,16 @@ def probe_measure(module, target, args, kwargs, opts):
     return out, box
 
 
+def _leaves(args, requires_grad) -> list:
+    """The arguments of a differentiated call: each tensor detached (a fresh leaf), and requiring
+    grad where ``requires_grad[i]`` is true (a list shorter than ``args`` means False)."""
+    return [a.detach().requires_grad_(bool(i < len(requires_grad) and requires_grad[i]))
+            if isinstance(a, torch.Tensor) else a for i, a in enumerate(args)]
+
+
 def probe_vjp(module, target, args, kwargs, grad_outputs, opts):
     """Forward then ``torch.autograd.backward`` with ``grad_outputs``; value ``(out, grads)``."""
-    rg = opts.get("requires_grad", [])
-    leaves = []
-    for i, a in enumerate(args):
-        if isinstance(a, torch.Tensor):
-            a = a.detach()
-            if i < len(rg) and rg[i]:
-                a.requires_grad_(True)
-        leaves.append(a)
+    leaves = _leaves(args, opts.get("requires_grad", []))
     seen: list = []
     figures: dict = {}
     with forbid(opts.get("forbid", []), module, opts.get("reason", "the contract forbids it"), seen):
@@ -572,9 +572,7 @@ def probe_vjp(module, target, args, kwargs, grad_outputs, opts):
 
 def probe_saved_tensors(module, target, args, kwargs, opts):
     """``(out, [tensors saved for backward by out.grad_fn])``."""
-    rg = opts.get("requires_grad", [])
-    leaves = [a.detach().requires_grad_(True) if isinstance(a, torch.Tensor) and i < len(rg) and rg[i]
-              else a for i, a in enumerate(args)]
+    leaves = _leaves(args, opts.get("requires_grad", []))
     out = target(*leaves, **kwargs)
     saved = list(getattr(getattr(out, "grad_fn", None), "saved_tensors", ()) or ())
     return (out.detach() if isinstance(out, torch.Tensor) else out, [t.detach() for t in saved]), {}
@@ -1203,14 +1201,7 @@ def probe_recompute(module, target, args, kwargs, watch, grad_output, opts):
     hold for backward when forward returns, read from the nodes, parameters left out: a cross-check
     of the hooks' count), ``mid``, ``after``,
     ``backward_error`` (None, or what backward raised), ``forbidden``."""
-    rg = list(opts.get("requires_grad", []))
-    leaves = []
-    for i, a in enumerate(args):
-        if isinstance(a, torch.Tensor):
-            a = a.detach()
-            if i < len(rg) and rg[i]:
-                a.requires_grad_(True)
-        leaves.append(a)
+    leaves = _leaves(args, opts.get("requires_grad", []))
     nets = list(watch) if watch is not None else []
     param_ptrs = {_ptr(p) for net in nets for p in net.parameters()}
     arg_ptrs = {_ptr(a) for a in flat(leaves) if isinstance(a, torch.Tensor)}
