@@ -321,10 +321,12 @@ class Results(list):
     """The W results of :func:`run`, in rank order, and ``loopback_bytes``: the bytes the
     ranks' private loopback carried during the run (every rank's sends, gloo's own few
     KB of set-up and the TCP/IP headers included), read by the trusted side from
-    /proc/<pid>/net/dev, outside every rank, so no code in a rank can hide what it sent.
+    /proc/<pid>/net/dev, outside every rank, so no code in a rank can hide what it sent;
+    ``tcp_retransmits``: the TCP segments sent again meanwhile (read the same way). Both
     None where the ranks share this machine's network (no network namespace)."""
 
     loopback_bytes: int | None = None
+    tcp_retransmits: int | None = None  # segments TCP sent again in that namespace (counted twice on lo)
 
 
 def loopback_tx_bytes(pid: int | None) -> int | None:
@@ -335,6 +337,19 @@ def loopback_tx_bytes(pid: int | None) -> int | None:
     try:
         return int(fields[8]) if fields else None
     except (ValueError, IndexError):
+        return None
+
+
+def tcp_retransmits(pid: int | None) -> int | None:
+    """TCP segments retransmitted in the network namespace of ``pid`` (``RetransSegs`` of
+    /proc/<pid>/net/snmp, RFC 4022's tcpRetransSegs), or None where unreadable. On a loaded
+    machine the kernel drops loopback segments a busy receiver cannot queue and sends them
+    again, so the loopback's byte count then includes them twice."""
+    rows = [line.split()[1:] for line in _sb.client.proc_text(pid, "net/snmp").splitlines()
+            if line.startswith("Tcp:")]
+    try:
+        return int(dict(zip(*rows))["RetransSegs"])
+    except (ValueError, KeyError, TypeError):
         return None
 
 
@@ -389,7 +404,7 @@ def run(body: Callable, world_size: int, *args, impl, timeout: float = 30.0, dev
                for rk in proxies]
     namespaced = bool(isolation.isolation_prefix())
     wire_pid = sb.worker.pid_of_server(0) if namespaced else None
-    wire0 = loopback_tx_bytes(wire_pid)
+    wire0, retrans0 = loopback_tx_bytes(wire_pid), tcp_retransmits(wire_pid)
     start = time.monotonic()
     for t in threads:
         t.start()
@@ -412,6 +427,8 @@ def run(body: Callable, world_size: int, *args, impl, timeout: float = 30.0, dev
         out = Results(results[r] for r in range(world_size))
         wire1 = loopback_tx_bytes(wire_pid)
         out.loopback_bytes = None if wire0 is None or wire1 is None else wire1 - wire0
+        retrans1 = tcp_retransmits(wire_pid)
+        out.tcp_retransmits = None if retrans0 is None or retrans1 is None else retrans1 - retrans0
         return out
     texts = {r: _describe(e) for r, e in errors.items()}
     primary = [r for r, e in errors.items() if not isinstance(e, WorkerTimeout)

@@ -1,5 +1,6 @@
 """Unit tests of harness.distributed: ranks inside the sandbox, results, errors, deadlocks,
 the communication counter. The toy implementation below plays a submission."""
+import os
 import time
 
 import pytest
@@ -124,6 +125,11 @@ def test_counter_counts_p2p_and_collectives(toy):
         assert c.comm["sent_msgs"] == 1 and c.comm["sent_bytes"] == 4 and c.comm["recv_bytes"] == 4
         assert c.comm["collectives"] == {"all_reduce": 1} and c.comm["forbidden"] == []
     assert res.loopback_bytes is None or res.loopback_bytes >= 3 * 4  # the ranks' own network, read outside
+    assert (res.tcp_retransmits is None) == (res.loopback_bytes is None) and (res.tcp_retransmits or 0) >= 0
+
+
+def test_tcp_retransmits_read_from_proc():
+    assert isinstance(hd.tcp_retransmits(os.getpid()), int) and hd.tcp_retransmits(0) is None
 
 
 def test_a_forbidden_collective_fails_the_call_even_when_swallowed(toy):

@@ -559,10 +559,17 @@ def test_all_reduce_bytes_per_rank_within_ring_bound(W, impl, seed):
         check_comm([res[r][i]["comm"] for r in range(W)], bound_bytes=bound, what="all-reduce",
                    case=f"W={W}, N={shape[0]}, {dtype}: bound 2(W-1)*ceil(N/W)*{max(DT[dtype].itemsize, 4)} bytes")
     limit = W * sum(bounds) * 1.02 + (1 << 20)  # + TCP/IP headers and gloo's set-up
-    if W == 2 and res.loopback_bytes is not None and res.loopback_bytes > limit:
+    if W != 2 or res.loopback_bytes is None:
+        return
+    runs = [res]  # segments retransmitted under load count twice: run again, the fewest bytes count
+    while (runs[-1].loopback_bytes or 0) > limit and runs[-1].tcp_retransmits and len(runs) < 3:
+        runs.append(run_ranks(body_all_reduce, W, seed, cases, impl=impl, timeout=LARGE_T))
+    best = min((r for r in runs if r.loopback_bytes is not None), key=lambda r: r.loopback_bytes)
+    if best.loopback_bytes > limit:
         claimed = sum(res[r][i]["comm"]["sent_bytes"] for r in range(W) for i in range(len(cases)))
         raise AssertionError(f"all-reduce is not bandwidth-optimal (W={W}, N up to {cases[-1][0][0]}): the ranks' "
-                             f"network carried {res.loopback_bytes} bytes (read outside the ranks), a ring sends at "
+                             f"network carried {best.loopback_bytes} bytes (read outside the ranks; the fewest of "
+                             f"{len(runs)} runs, {best.tcp_retransmits} TCP segments retransmitted), a ring sends at "
                              f"most {W * sum(bounds)} in all (+2% and 1 MiB for headers and set-up); the ranks' own "
                              f"counters claimed {claimed}")
 

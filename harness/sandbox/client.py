@@ -718,18 +718,24 @@ def _rss_reset(pid) -> int | None:
     return _proc_status_bytes(pid, "VmHWM")
 
 
-def proc_fields(pid, name: str, key: str) -> list[str] | None:
-    """The fields after ``key:`` on its line of /proc/<pid>/<name> (``status``,
-    ``net/dev``), or None where the process or the line cannot be read."""
+def proc_text(pid, name: str) -> str:
+    """The text of /proc/<pid>/<name> (``status``, ``net/dev``, ``net/snmp``), "" where
+    the process or the file cannot be read."""
     if not pid:
-        return None
+        return ""
     try:
-        for line in Path(f"/proc/{pid}/{name}").read_text().splitlines():
-            head, sep, rest = line.partition(":")
-            if sep and head.strip() == key:
-                return rest.split()
+        return Path(f"/proc/{pid}/{name}").read_text()
     except OSError:
-        return None
+        return ""
+
+
+def proc_fields(pid, name: str, key: str) -> list[str] | None:
+    """The fields after ``key:`` on its first line of /proc/<pid>/<name> (``status``,
+    ``net/dev``), or None where the process or the line cannot be read."""
+    for line in proc_text(pid, name).splitlines():
+        head, sep, rest = line.partition(":")
+        if sep and head.strip() == key:
+            return rest.split()
     return None
 
 
