@@ -17,7 +17,7 @@ $(VENV)/.installed: pyproject.toml $(LOCK)
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q -c $(LOCK) $(TORCH)
-	$(PY) -m pip install -q -c $(LOCK) -e '.[triton,dev,nbgrader]'
+	$(PY) -m pip install -q -c $(LOCK) -e '.[triton,dev,nbgrader,server]'
 	touch $@
 
 setup: $(VENV)/.installed

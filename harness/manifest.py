@@ -10,8 +10,9 @@ from __future__ import annotations
 import functools
 import os
 import re
+from datetime import datetime
 from pathlib import Path
-from typing import Dict, List, Optional
+from typing import Dict, List, Literal, Optional
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
@@ -87,6 +88,15 @@ class Lab(_Strict):
     perf: Dict[str, PerfThreshold] = {}
     requires: List[str] = Field([], description="optional packages the lab needs, e.g. triton")
     limits: Limits = Limits()
+    deadline: Optional[datetime] = Field(None, description="submissions to the course server (`labs submit`) "
+                                         "after it are late (see `submissions.late`); ISO 8601 with a time zone")
+
+    @field_validator("deadline")
+    @classmethod
+    def _aware(cls, v):
+        if v is not None and v.tzinfo is None:
+            raise ValueError(f"deadline {v.isoformat()} has no time zone (write e.g. 2026-12-18T23:59:00+00:00)")
+        return v
 
     @field_validator("module")
     @classmethod
@@ -128,6 +138,34 @@ class Lab(_Strict):
         return f"{self.module}.py"
 
 
+class RateLimit(_Strict):
+    """A token bucket per student and lab (the course server's intake): ``burst``
+    submissions at once, refilled at ``per_hour``; over it a submission gets HTTP 429
+    with ``Retry-After``."""
+
+    burst: int = Field(5, gt=0)
+    per_hour: float = Field(12.0, gt=0)
+
+
+class Late(_Strict):
+    """What the course server does with a submission after its lab's ``deadline``."""
+
+    grace_minutes: float = Field(0, ge=0, description="still on time this long after the deadline")
+    max_days: float = Field(0, ge=0, description="accepted, marked late, up to this many days after; refused later")
+    penalty_per_day: float = Field(0, ge=0, le=1, description="fraction of the score taken per started late day")
+
+
+class Submissions(_Strict):
+    """The course server's intake (`labs serve`, `labs submit`)."""
+
+    max_kb: int = Field(512, gt=0, description="largest upload, KiB (the packed module)")
+    rate: RateLimit = RateLimit()
+    late: Late = Late()
+    hidden_results: Literal["always", "after_deadline", "never"] = Field(
+        "after_deadline", description="when a student sees each hidden test's name and message (the score and "
+                                      "part subtotals always)")
+
+
 class Images(_Strict):
     cpu: str = "ai-infra-labs:cpu"
     gpu: str = "ai-infra-labs:gpu"
@@ -136,6 +174,7 @@ class Images(_Strict):
 class Course(_Strict):
     name: str
     images: Images = Images()
+    submissions: Submissions = Submissions()
     labs: Dict[str, Lab]
     gpu_points: Dict[str, float] = Field({}, description="points per lab that only a GPU can earn, as `labs "
                                          "release` writes them into a student checkout (which has no graders "

@@ -1,0 +1,162 @@
+"""The course database: the record of every account, submission, grading job and result.
+
+SQLAlchemy 2 models; the schema is made and upgraded by Alembic (``migrations/``), never
+by ``create_all``, so a running course upgrades in place. SQLite by default (one file,
+``.labs-staff/server.db``), PostgreSQL by URL (``postgresql+psycopg://...``).
+
+Times are seconds since the epoch (floats): leases compare them, pages format them.
+A queue (Celery's broker) only carries job ids: what a job is, who holds it and until
+when, and its result are rows here. ``Result.job_id`` is unique, so a job delivered
+twice stores one result (the second insert fails and is dropped).
+"""
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+
+from sqlalchemy import (Float, ForeignKey, Integer, LargeBinary, String, Text, UniqueConstraint, create_engine,
+                        event)
+from sqlalchemy.engine import Engine
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship, sessionmaker
+
+MIGRATIONS = Path(__file__).with_name("migrations")
+ROLES = ("student", "staff", "runner")
+JOB_STATES = ("queued", "running", "done", "failed", "cancelled")  # failed: infrastructure, attempts used up
+QUEUES = ("interactive", "regrade")  # regrades never delay a student's submission
+
+
+class Base(DeclarativeBase):
+    pass
+
+
+class Account(Base):
+    """A student, a staff member or a runner host; ``token_hash`` is sha256 of its token
+    (tokens are 32 random bytes, so a fast hash is enough; the token itself is shown once)."""
+
+    __tablename__ = "accounts"
+    id: Mapped[int] = mapped_column(primary_key=True)
+    name: Mapped[str] = mapped_column(String(200), unique=True)
+    email: Mapped[str] = mapped_column(String(320), default="")
+    role: Mapped[str] = mapped_column(String(16))
+    token_hash: Mapped[str] = mapped_column(String(64), unique=True)
+    pseudonym: Mapped[str] = mapped_column(String(64), default="")  # the leaderboard's name for a student
+    created_at: Mapped[float] = mapped_column(Float)
+
+
+class Submission(Base):
+    """One upload: the packed module as sent (``blob``), stored before any job is queued."""
+
+    __tablename__ = "submissions"
+    id: Mapped[str] = mapped_column(String(32), primary_key=True)
+    account_id: Mapped[int] = mapped_column(ForeignKey("accounts.id"), index=True)
+    lab: Mapped[str] = mapped_column(String(2), index=True)
+    filename: Mapped[str] = mapped_column(String(255))
+    blob: Mapped[bytes] = mapped_column(LargeBinary)
+    size: Mapped[int] = mapped_column(Integer)
+    fingerprint: Mapped[str] = mapped_column(String(64), index=True)  # sha256 of the lab's module
+    created_at: Mapped[float] = mapped_column(Float)
+    late_days: Mapped[int] = mapped_column(Integer, default=0)  # started days after the deadline (0: on time)
+    account: Mapped[Account] = relationship()
+    jobs: Mapped[list["Job"]] = relationship(back_populates="submission", order_by="Job.id")
+
+
+class Job(Base):
+    """One grading of a submission: queued, then held by one runner under a lease it
+    renews; a lease that expires (a killed runner) puts the job back in the queue.
+    ``attempts`` counts infrastructure failures only: a student's timeout, crash or wrong
+    answer is a result, final."""
+
+    __tablename__ = "jobs"
+    id: Mapped[int] = mapped_column(primary_key=True)
+    submission_id: Mapped[str] = mapped_column(ForeignKey("submissions.id"), index=True)
+    queue: Mapped[str] = mapped_column(String(16), default="interactive")
+    state: Mapped[str] = mapped_column(String(16), default="queued", index=True)
+    attempts: Mapped[int] = mapped_column(Integer, default=0)
+    lease_owner: Mapped[str | None] = mapped_column(String(200), nullable=True)
+    lease_expires: Mapped[float | None] = mapped_column(Float, nullable=True)
+    created_at: Mapped[float] = mapped_column(Float)
+    started_at: Mapped[float | None] = mapped_column(Float, nullable=True)
+    finished_at: Mapped[float | None] = mapped_column(Float, nullable=True)
+    error: Mapped[str] = mapped_column(Text, default="")  # why the last attempt failed (infrastructure)
+    submission: Mapped[Submission] = relationship(back_populates="jobs")
+    result: Mapped["Result | None"] = relationship(back_populates="job", uselist=False)
+
+
+class Result(Base):
+    """The graded result of one job (Gradescope's results.json in ``data``), unique per job."""
+
+    __tablename__ = "results"
+    __table_args__ = (UniqueConstraint("job_id", name="one_result_per_job"),)
+    id: Mapped[int] = mapped_column(primary_key=True)
+    job_id: Mapped[int] = mapped_column(ForeignKey("jobs.id"))
+    submission_id: Mapped[str] = mapped_column(ForeignKey("submissions.id"), index=True)
+    score: Mapped[float] = mapped_column(Float)
+    max_score: Mapped[float] = mapped_column(Float)
+    max_runnable: Mapped[float] = mapped_column(Float)
+    status: Mapped[str] = mapped_column(Text)
+    kind: Mapped[str] = mapped_column(String(16))  # ok, student_error, timeout (classroom.Status)
+    perf_ratio: Mapped[float | None] = mapped_column(Float, nullable=True)  # median of the run's perf ratios
+    gpu_model: Mapped[str] = mapped_column(String(200), default="cpu")
+    host: Mapped[str] = mapped_column(Text, default="{}")  # `labs runner doctor` of the grading host, JSON
+    data: Mapped[str] = mapped_column(Text)  # results.json
+    duration_s: Mapped[float] = mapped_column(Float, default=0.0)
+    graded_at: Mapped[float] = mapped_column(Float)
+    runner: Mapped[str] = mapped_column(String(200), default="")
+    invalid_reason: Mapped[str | None] = mapped_column(Text, nullable=True)  # staff: hidden from the leaderboard
+    job: Mapped[Job] = relationship(back_populates="result")
+
+
+class Bucket(Base):
+    """A student's token bucket for one lab (the intake's rate limit)."""
+
+    __tablename__ = "buckets"
+    account_id: Mapped[int] = mapped_column(ForeignKey("accounts.id"), primary_key=True)
+    lab: Mapped[str] = mapped_column(String(2), primary_key=True)
+    tokens: Mapped[float] = mapped_column(Float)
+    updated_at: Mapped[float] = mapped_column(Float)
+
+
+def hash_token(token: str) -> str:
+    return hashlib.sha256(token.encode()).hexdigest()
+
+
+def default_url(course_root: Path) -> str:
+    """SQLite in the course's staff folder (git-ignored, never released)."""
+    folder = Path(course_root) / ".labs-staff"
+    folder.mkdir(mode=0o700, exist_ok=True)
+    return f"sqlite:///{folder / 'server.db'}"
+
+
+def engine_for(url: str) -> Engine:
+    """An engine for ``url``; for SQLite, WAL and a busy timeout so the server and its
+    dispatcher processes write the one file concurrently without 'database is locked'."""
+    if url.startswith("sqlite"):
+        engine = create_engine(url, connect_args={"timeout": 30, "check_same_thread": False})
+
+        @event.listens_for(engine, "connect")
+        def _pragmas(conn, _record):
+            cur = conn.cursor()
+            cur.execute("PRAGMA journal_mode=WAL")
+            cur.execute("PRAGMA busy_timeout=30000")
+            cur.execute("PRAGMA foreign_keys=ON")
+            cur.close()
+
+        return engine
+    return create_engine(url, pool_pre_ping=True)
+
+
+def upgrade(url: str) -> None:
+    """Create or upgrade the schema at ``url`` to the newest Alembic revision."""
+    from alembic import command
+    from alembic.config import Config
+
+    cfg = Config()
+    cfg.set_main_option("script_location", str(MIGRATIONS))
+    cfg.set_main_option("sqlalchemy.url", url.replace("%", "%%"))
+    command.upgrade(cfg, "head")
+
+
+def sessions(url: str) -> sessionmaker:
+    """A session factory for ``url`` (the schema upgraded first)."""
+    upgrade(url)
+    return sessionmaker(engine_for(url), expire_on_commit=False)

@@ -1,0 +1,219 @@
+"""Grading one job of the course server, and the embedded dispatchers.
+
+A job is graded by exactly the pipeline of ``labs grade-all`` (``classroom.grade_one``:
+archive checks, staging, hidden graders in the sandbox, scores): the runner writes the
+stored upload to a temporary file and hands it over; it never imports or runs a
+submission itself. ``grade_job`` returns the outcome, or raises ``InfraError`` when the
+infrastructure failed (the job is retried, never scored 0).
+
+``Dispatcher`` is one embedded runner (``labs serve --runner local``): a process per
+GPU (``CUDA_VISIBLE_DEVICES``) or CPU slot that claims jobs from the database under a
+lease, renews it while it grades, and stores the result. Celery workers
+(``harness.server.pool``) call the same ``grade_job`` through the server's runner API.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Callable
+
+import torch
+
+from .. import classroom, manifest
+from ..errors import LabsError
+from ..manifest import Course
+from . import db, service
+
+INFRA_KINDS = (classroom.Status.INFRA_ERROR.value,)
+
+
+class InfraError(LabsError):
+    """Grading could not produce a grade through no fault of the submission."""
+
+
+def _smi(*fields: str) -> list[str] | None:
+    """One GPU's ``nvidia-smi --query-gpu`` fields (the first visible GPU), None without it."""
+    if shutil.which("nvidia-smi") is None:
+        return None
+    try:
+        out = subprocess.run(["nvidia-smi", f"--query-gpu={','.join(fields)}", "--format=csv,noheader"],
+                             capture_output=True, text=True, timeout=20)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    line = out.stdout.strip().splitlines()[:1]
+    return [x.strip() for x in line[0].split(",")] if out.returncode == 0 and line else None
+
+
+def doctor(course: Course | None = None) -> dict:
+    """What this runner host grades on, recorded into every result: GPU model, driver,
+    CUDA, clocks (locked or not), persistence and compute mode, MIG, and whether the
+    course's grading image is present. On a host without a GPU ``gpu_model`` is "cpu"
+    and ``gpu`` says "no GPU"."""
+    info = {"host": socket.gethostname(), "torch": torch.__version__, "cuda": torch.version.cuda,
+            "cpus": os.cpu_count(), "visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES")}
+    if not torch.cuda.is_available():
+        info.update(gpu="no GPU (torch.cuda.is_available() is False)", gpu_model="cpu")
+    else:
+        info.update(gpu_model=torch.cuda.get_device_name(0), gpus=torch.cuda.device_count(),
+                    capability=".".join(map(str, torch.cuda.get_device_capability(0))))
+        smi = _smi("driver_version", "persistence_mode", "compute_mode", "mig.mode.current", "clocks.sm",
+                   "clocks.max.sm", "clocks.applications.graphics", "clocks_event_reasons.active")
+        if smi:
+            keys = ("driver", "persistence_mode", "compute_mode", "mig_mode", "sm_clock", "sm_clock_max",
+                    "application_clock", "clock_event_reasons")
+            info.update(dict(zip(keys, smi)))
+            info["clocks_locked"] = smi[6] == smi[5]
+    if course is not None:
+        info["image"] = _image_state(course.images.gpu if info["gpu_model"] != "cpu" else course.images.cpu)
+    return info
+
+
+def _image_state(tag: str) -> str:
+    try:
+        import docker
+        client = docker.from_env(timeout=5)
+        client.images.get(tag)
+        return f"{tag}: present"
+    except Exception as e:  # noqa: BLE001 - a diagnosis, never an error
+        return f"{tag}: not available ({type(e).__name__})"
+
+
+def grade_job(course: Course, lab_number: str, student: str, filename: str, blob: bytes, *,
+              sandbox: str | None = None, timeout_s: float | None = None) -> dict:
+    """Grade one stored upload with grade-all's pipeline; returns the outcome
+    (``kind``, ``status``, ``results``: results.json, ``duration_s``). Raises InfraError
+    for an infrastructure failure (the sandbox could not start, the graders crashed)."""
+    lab = course.lab(lab_number)
+    with tempfile.TemporaryDirectory(prefix="labs-job-") as tmp:
+        archive = Path(tmp) / Path(filename).name
+        archive.write_bytes(blob)
+        row = classroom.grade_one(classroom.Submission(student, archive), lab, course, timeout_s=timeout_s,
+                                  sandbox=sandbox)
+    if row.kind.value in INFRA_KINDS:
+        raise InfraError(row.status)
+    row.results.get("extra_data", {}).pop("submission", None)  # a temporary path of this host
+    return {"kind": row.kind.value, "status": row.status, "results": row.results, "duration_s": row.duration_s}
+
+
+class Heartbeat(threading.Thread):
+    """Calls ``renew()`` every ``period_s`` while a job is graded; ``lost`` is set when a
+    renewal says the lease is no longer ours (the job was reaped and given to another)."""
+
+    def __init__(self, renew: Callable[[], bool], period_s: float):
+        super().__init__(daemon=True, name="labs-lease")
+        self.renew, self.period_s = renew, period_s
+        self.stopped, self.lost = threading.Event(), threading.Event()
+
+    def run(self):
+        while not self.stopped.wait(self.period_s):
+            try:
+                if not self.renew():
+                    self.lost.set()
+                    return
+            except Exception:  # noqa: BLE001 - a database hiccup: try again next period
+                continue
+
+    def __enter__(self):
+        self.start()
+        return self
+
+    def __exit__(self, *exc):
+        self.stopped.set()
+
+
+class Dispatcher:
+    """One embedded runner slot: claim, grade, store, repeat, until ``stop`` is set."""
+
+    def __init__(self, url: str, course: Course, owner: str, *, lease_s: float = service.LEASE_S,
+                 poll_s: float = 0.5, sandbox: str | None = None):
+        self.sessions = db.sessions(url)
+        self.course, self.owner, self.lease_s, self.poll_s, self.sandbox = course, owner, lease_s, poll_s, sandbox
+        self.host = doctor(course)
+        self.stop = threading.Event()
+
+    def once(self) -> bool:
+        """Grade one job if there is one; False when the queue was empty."""
+        with self.sessions() as s:
+            service.reap(s, service.clock())
+            job = service.claim(s, self.owner, service.clock(), lease_s=self.lease_s)
+            if job is None:
+                return False
+            sub = job.submission
+            args = (sub.lab, sub.account.name, sub.filename, sub.blob)
+            job_id = job.id
+
+        def renew():
+            with self.sessions() as s2:
+                return service.renew(s2, job_id, self.owner, service.clock(), self.lease_s)
+
+        with Heartbeat(renew, self.lease_s / 4):
+            try:
+                outcome = grade_job(self.course, *args, sandbox=self.sandbox)
+            except Exception as e:  # noqa: BLE001 - InfraError or a harness bug: never the student's 0
+                with self.sessions() as s:
+                    service.fail(s, job_id, self.owner, f"{type(e).__name__}: {e}", service.clock())
+                return True
+        outcome.update(host=self.host, gpu_model=self.host["gpu_model"])
+        with self.sessions() as s:
+            service.complete(s, job_id, self.owner, outcome, service.clock(), self.course)
+        return True
+
+    def run(self) -> None:
+        while not self.stop.is_set():
+            if not self.once():
+                self.stop.wait(self.poll_s)
+
+
+def slots(spec: str) -> list[tuple[str, dict]]:
+    """``--gpus 0,1`` -> one slot per GPU (``CUDA_VISIBLE_DEVICES=i``); ``cpu:2`` -> two
+    CPU slots (no GPU visible). Raises ValueError naming the spec."""
+    spec = spec.strip()
+    if spec.startswith("cpu:"):
+        n = spec[4:]
+        if not n.isdigit() or int(n) < 1:
+            raise ValueError(f"--gpus {spec!r}: cpu:N needs N >= 1")
+        return [(f"cpu{i}", {"CUDA_VISIBLE_DEVICES": ""}) for i in range(int(n))]
+    ids = [x.strip() for x in spec.split(",") if x.strip()]
+    if not ids or not all(x.isdigit() for x in ids):
+        raise ValueError(f"--gpus {spec!r}: give GPU indices (0,1) or cpu:N")
+    return [(f"gpu{i}", {"CUDA_VISIBLE_DEVICES": i}) for i in ids]
+
+
+def start_dispatchers(url: str, course_root: Path, spec: str, *, lease_s: float = service.LEASE_S,
+                      sandbox: str | None = None) -> list[subprocess.Popen]:
+    """Start one dispatcher process per slot of ``spec`` (see ``slots``)."""
+    procs = []
+    for name, env in slots(spec):
+        cmd = [os.sys.executable, "-m", "harness.server.runner", "--db", url, "--course", str(course_root),
+               "--owner", f"{socket.gethostname()}-{os.getpid()}-{name}", "--lease", str(lease_s)]
+        if sandbox:
+            cmd += ["--sandbox", sandbox]
+        procs.append(subprocess.Popen(cmd, env={**os.environ, **env}))
+    return procs
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m harness.server.runner", description="one embedded runner slot")
+    p.add_argument("--db", required=True)
+    p.add_argument("--course", required=True)
+    p.add_argument("--owner", required=True)
+    p.add_argument("--lease", type=float, default=service.LEASE_S)
+    p.add_argument("--sandbox", default=None)
+    a = p.parse_args(argv)
+    d = Dispatcher(a.db, manifest.load(a.course), a.owner, lease_s=a.lease, sandbox=a.sandbox)
+    signal.signal(signal.SIGTERM, lambda *_: d.stop.set())
+    d.run()
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
