@@ -10,6 +10,8 @@ The zip (Gradescope unpacks it into ``/autograder/source``) holds::
     labs.yaml, pyproject.toml, harness/, graders/NN/, labs/NN/<stub>, docker/*.txt|lock
     .labs-staff/course-secret   the course's grading secret (``grading.course_secret``):
                       a regrade of the same file gets the same hidden inputs
+    server.json       only with ``--server``: the course server's URL and the course's
+                      bridge token (an account of role ``bridge``, never a student's)
 
 never ``solutions/`` or other labs' graders. ``finalize`` turns ``labs grade``'s
 Gradescope JSON into the one Gradescope reads: every hidden grader test gets
@@ -17,6 +19,13 @@ the visibility given at build time (``after_published`` by default), a visible
 "Submission check" line says which file was graded, perf figures stay in
 ``leaderboard``, and when grading itself failed results.json still appears,
 with the reason (Gradescope shows nothing useful for a missing file).
+
+Gradescope's workers have no GPU. With ``server.json`` in the zip, ``run_autograder``
+also forwards the same module to the course server (``forward``: the student named by
+Gradescope's ``submission_metadata.json``), waits for its GPU runners' grade, and
+``finalize`` reports that grade (every test, GPU ones included) instead of the local
+one; when the server does not answer in time the local grade stands and the output
+says why the GPU tests were not run. Without a server it says so plainly too.
 
 ``AUTOGRADER_ROOT`` (default ``/autograder``) and ``LABS_PYTHON`` (default
 ``/autograder/venv/bin/python``, else ``python3``) let staff run
@@ -27,8 +36,11 @@ from __future__ import annotations
 import json
 import os
 import stat
+import time
 import zipfile
 from pathlib import Path
+
+import httpx
 
 
 from . import grading
@@ -37,6 +49,8 @@ from .manifest import Course, Lab
 HARNESS_DIR = Path(__file__).resolve().parent
 VISIBILITIES = ("hidden", "after_due_date", "after_published", "visible")
 TORCH_CPU_INDEX = "https://download.pytorch.org/whl/cpu"
+SERVER_FILE = "server.json"
+FORWARD_WAIT_S = 1200.0  # how long the autograder waits for the GPU runners (Gradescope's own limit is higher)
 
 SETUP_SH = """\
 #!/usr/bin/env bash
@@ -80,11 +94,17 @@ mkdir -p "$RESULTS"
 "$LABS_PYTHON" -m harness --course "$SRC" grade "$SUB" --lab "$LAB" --sandbox process \\
     --json "$RESULTS/labs-grade.json" >"$RESULTS/labs-grade.log" 2>&1
 STATUS=$?
+# 1b. the GPU tests: where the zip names a course server, its GPU runners grade the same module
+if [ -f "$SRC/{server_file}" ]; then
+  "$LABS_PYTHON" -m harness --course "$SRC" gradescope forward "$SUB" --lab "$LAB" \\
+      --metadata "$ROOT/submission_metadata.json" --out "$RESULTS/server-results.json" \\
+      >>"$RESULTS/labs-grade.log" 2>&1
+fi
 
 # 2. Gradescope's results.json: visibility, leaderboard, and the reason when grading failed
 exec "$LABS_PYTHON" -m harness --course "$SRC" gradescope finalize "$RESULTS/labs-grade.json" \\
     "$RESULTS/results.json" --status "$STATUS" --log "$RESULTS/labs-grade.log" \\
-    --lab "$LAB" --visibility {visibility}
+    --lab "$LAB" --visibility {visibility} --server-results "$RESULTS/server-results.json"
 """
 
 
@@ -123,15 +143,20 @@ def _torch_pin(course: Course) -> str:
     return "2.13.0+cpu"
 
 
-def build_zip(course: Course, lab: Lab, out: Path, visibility: str = "after_published") -> list[str]:
-    """Write the autograder zip for ``lab`` to ``out``; returns the archive's names."""
+def build_zip(course: Course, lab: Lab, out: Path, visibility: str = "after_published", *,
+              server: str | None = None, server_token: str | None = None) -> list[str]:
+    """Write the autograder zip for ``lab`` to ``out``; returns the archive's names. With
+    ``server`` (the course server's URL) and ``server_token`` (a ``bridge`` account's
+    token), the autograder forwards each submission there for its GPU tests."""
+    if bool(server) != bool(server_token):
+        raise ValueError("server and server_token go together (labs account add NAME --role bridge)")
     if not (course.root / "graders" / lab.number).is_dir():
         raise FileNotFoundError(f"no hidden graders for lab {lab.number} ({course.root / 'graders' / lab.number})")
     if visibility not in VISIBILITIES:
         raise ValueError(f"visibility must be one of {', '.join(VISIBILITIES)}, got {visibility!r}")
     fmt = dict(number=lab.number, title=lab.title, module=lab.filename, visibility=visibility,
                torch=_torch_pin(course), torch_index=TORCH_CPU_INDEX,
-               extras="[triton]" if "triton" in lab.requires else "")
+               extras="[triton]" if "triton" in lab.requires else "", server_file=SERVER_FILE)
     scripts = {"setup.sh": SETUP_SH.format(**fmt), "run_autograder": RUN_AUTOGRADER.format(**fmt)}
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.with_name(f".{out.name}.tmp")
@@ -146,6 +171,9 @@ def build_zip(course: Course, lab: Lab, out: Path, visibility: str = "after_publ
         for name, path in _payload(course, lab).items():
             zf.write(path, name)
             names.append(name)
+        if server:
+            zf.writestr(SERVER_FILE, json.dumps({"url": server.rstrip("/"), "token": server_token}))
+            names.append(SERVER_FILE)
         secret = grading.course_secret(course)  # regrades on Gradescope get the same hidden inputs
         if secret is not None:
             zf.writestr(grading.SECRET_FILE, secret + b"\n")
@@ -154,14 +182,70 @@ def build_zip(course: Course, lab: Lab, out: Path, visibility: str = "after_publ
     return names
 
 
-def finalize(raw_path: Path, out_path: Path, *, status: int, log: str, lab: Lab, visibility: str) -> dict:
-    """Gradescope's results.json from ``labs grade --json`` output (see the module docstring)."""
-    raw = None
-    if status == 0 and raw_path.is_file():
+def forward(course: Course, submission: Path, lab: Lab, metadata: Path | None, out: Path, *,
+            wait_s: float = FORWARD_WAIT_S, poll_s: float = 5.0) -> dict:
+    """Send ``submission``'s module (``grading.pack_module``) to the course server named
+    by the zip's ``server.json``, for the student in Gradescope's ``metadata``, and wait
+    up to ``wait_s`` seconds for the GPU runners' grade. Writes ``out``: ``{"results":
+    results.json, "gpu_model", "id"}`` when graded, else ``{"error": why}``; never raises
+    (the local grade stands). Returns what it wrote."""
+    def done(payload: dict) -> dict:
+        grading.write_json_atomic(out, payload)
+        return payload
+
+    cfg = json.loads((course.root / SERVER_FILE).read_text())
+    users = (json.loads(metadata.read_text()).get("users") or [{}]) if metadata and metadata.is_file() else [{}]
+    student, email = users[0].get("name", ""), users[0].get("email", "")
+    from . import impl as _impl
+    try:
+        blob = grading.pack_module(_impl.locate(submission, lab), lab)
+    except (_impl.ImplError, OSError) as e:
+        return done({"error": f"nothing to forward: {e}"})
+    headers = {"Authorization": f"Bearer {cfg['token']}"}
+    try:
+        r = httpx.post(f"{cfg['url']}/api/bridge/submissions", headers=headers, timeout=60,
+                       data={"lab": lab.number, "student": student, "email": email},
+                       files={"file": (f"{lab.number}.tar.gz", blob, "application/gzip")})
+        if r.status_code >= 400:
+            return done({"error": f"the course server refused it ({r.status_code}: {r.text[:300]})"})
+        sub_id = r.json()["id"]
+        deadline = time.monotonic() + wait_s
+        while True:
+            v = httpx.get(f"{cfg['url']}/api/bridge/submissions/{sub_id}", headers=headers, timeout=60).json()
+            if v["results"] is not None:
+                return done({"id": sub_id, "results": v["results"], "gpu_model": v["gpu_model"]})
+            if v["state"] in ("failed", "cancelled"):
+                return done({"id": sub_id, "error": f"the course server could not grade it ({v['state']}: "
+                                                    f"{v['error'][:300]})"})
+            if time.monotonic() > deadline:
+                return done({"id": sub_id, "error": f"the course server did not grade it within {wait_s:.0f} s "
+                                                    f"(still {v['state']}; staff see it there)"})
+            time.sleep(poll_s)
+    except (httpx.HTTPError, ValueError, KeyError) as e:
+        return done({"error": f"the course server {cfg['url']} could not be reached ({type(e).__name__}: {e})"})
+
+
+def finalize(raw_path: Path, out_path: Path, *, status: int, log: str, lab: Lab, visibility: str,
+             server_results: Path | None = None, gpu_points: float = 0.0) -> dict:
+    """Gradescope's results.json from ``labs grade --json`` output (see the module
+    docstring); ``server_results``: what ``forward`` wrote, when the zip names a server.
+    ``gpu_points``: the lab's points that need a GPU (the note when none graded them)."""
+    raw, note = None, ""
+    forwarded = json.loads(server_results.read_text()) if server_results and server_results.is_file() else None
+    if forwarded and forwarded.get("results"):
+        raw = forwarded["results"]
+        note = (f"Graded on the course's GPU runners ({forwarded.get('gpu_model')}), course server submission "
+                f"{forwarded['id']}: every test, GPU ones included.")
+    elif status == 0 and raw_path.is_file():
         try:
             raw = json.loads(raw_path.read_text())
         except ValueError:
             raw = None
+        if forwarded:
+            note = f"The GPU tests were not run: {forwarded['error']}. The tests that need no GPU are graded here."
+        elif gpu_points:
+            note = (f"The GPU tests ({gpu_points:g} points) were not run: Gradescope has no GPU and this autograder "
+                    f"forwards to no course server.")
     if raw is None:
         reason = next((l for l in log.splitlines() if l.startswith("labs: error:")), "") or log.strip()[-2000:]
         res = {"score": 0.0, "output": f"The autograder could not grade this submission: {reason}\n"
@@ -182,6 +266,8 @@ def finalize(raw_path: Path, out_path: Path, *, status: int, log: str, lab: Lab,
         check = (f"No {lab.filename} in your upload: submit labs/{lab.number}/{lab.filename} "
                  f"(or the file alone). Every test scores 0.")
         passed = "failed"
+    if note:
+        check = f"{check} {note}"
     res["tests"] = [{"name": "Submission check", "score": 0.0, "max_score": 0.0, "status": passed,
                      "output": check, "visibility": "visible", "tags": []}] + res["tests"]
     res["visibility"] = "visible"

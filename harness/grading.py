@@ -28,6 +28,7 @@ from __future__ import annotations
 import errno
 import hashlib
 import hmac
+import io
 import json
 import os
 import secrets
@@ -35,6 +36,7 @@ import signal
 import stat
 import subprocess
 import sys
+import tarfile
 import tempfile
 import time
 from dataclasses import asdict, dataclass, field
@@ -272,6 +274,19 @@ def read_module(src: Path, root: Path) -> bytes:
 # --- step 2: run -----------------------------------------------------------
 
 SANDBOXES = ("docker", "process")
+
+
+def pack_module(path: Path, lab: Lab) -> bytes:
+    """A gzipped tar holding only ``NN/<module>.py``, read from ``path`` with
+    ``read_module``'s checks: what ``labs submit`` uploads to the course server (nothing
+    else of a checkout leaves the student's machine)."""
+    data = read_module(path, path.parent)
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w:gz") as tar:
+        info = tarfile.TarInfo(f"{lab.number}/{lab.filename}")
+        info.size, info.mode, info.mtime = len(data), 0o644, 0
+        tar.addfile(info, io.BytesIO(data))
+    return buf.getvalue()
 
 
 def run(course: Course, lab: Lab, impl_root: Path, results: Path, seed: int,

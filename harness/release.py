@@ -52,7 +52,9 @@ ALLOW = [("labs.yaml", "the course manifest"), ("labs/*/*", "a lab: handout, stu
          ("pyproject.toml", "the package (rewritten for students)"), ("docker/*.lock", "the lock"),
          ("docker/torch-*.txt", "the lock"), (".gitignore", "git's ignore list")]
 STAFF_HARNESS = {"harness/classroom.py", "harness/gradescope.py", "harness/nbgrader_export.py", "harness/gradebook.py",
-                 "harness/release.py", "harness/scaffold.py", "harness/cli/staff.py"}  # the student CLI goes without them
+                 "harness/release.py", "harness/scaffold.py", "harness/cli/staff.py", "harness/cli/server.py",
+                 "harness/calibrate.py"}
+STAFF_PACKAGES = ("harness/server/",)  # the course server: staff only; the student CLI goes without them
 FORBIDDEN = ["solutions/*", "graders/*", "tests/*", f"{manifest.STAFF_DIR}/*", "*.ipynb", "*.zip", "*.db",
              "*grades*.csv", "*results*.json", "*submissions/*", "scripts/demo.py", "harness/templates/*"]
 REASONS = {"solutions": "reference solutions", "graders": "hidden graders",
@@ -95,8 +97,9 @@ def select(names: list[str], untracked: set[str], course: Course, labs: list[str
             refused[n] = "not tracked by git"
         elif any(fnmatch.fnmatch(n, p) for p in exclude):
             refused[n] = "--exclude"
-        elif rule is None or n in STAFF_HARNESS:
-            refused[n] = REASONS.get(parts[0]) or ("staff commands" if n in STAFF_HARNESS else "not on the allow-list")
+        elif rule is None or n in STAFF_HARNESS or n.startswith(STAFF_PACKAGES):
+            staff = n in STAFF_HARNESS or n.startswith(STAFF_PACKAGES)
+            refused[n] = REASONS.get(parts[0]) or ("staff commands" if staff else "not on the allow-list")
         elif parts[0] == "labs" and parts[1] not in wanted:
             refused[n] = f"lab {parts[1]} is not released" if parts[1] in course.labs else \
                 f"labs/{parts[1]} is not a lab in labs.yaml"
@@ -113,6 +116,9 @@ def student_pyproject(text: str) -> str:
                   text, count=1, flags=re.M)
     text = re.sub(r'^norecursedirs\s*=.*$', 'norecursedirs = [".venv"]', text, count=1, flags=re.M)
     text = re.sub(r'^(#[^\n]*\n)?nbgrader\s*=[^\n]*\n', '', text, flags=re.M)  # the extra and its comment
+    text = re.sub(r'^(#[^\n]*\n)?server\s*=\s*\[(?:[^\n]*\n)*?[^\n]*\]\s*\n', '', text, flags=re.M)  # the server's extra
+    text = re.sub(r',\s*"harness\.server[\w.]*"', '', text)  # its packages (left out of a release)
+    text = re.sub(r'^"harness\.server[^\n]*\n', '', text, flags=re.M)  # and their package data
     # the staff's layer contract (`lint-imports`): it names the staff modules a release leaves out
     text = re.sub(r'^(#[^\n]*\n)*\[\[?tool\.importlinter[^\n]*\n(?:(?!\[)[^\n]*(?:\n|$))*', '', text, flags=re.M)
     return re.sub(r'^\s*"docker:[^\n]*\n', '', text, flags=re.M)  # a marker of the framework's tests

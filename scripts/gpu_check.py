@@ -2,6 +2,7 @@
 write what the GPU tests measured.
 
     python scripts/gpu_check.py [--lab NN ...] [--out DIR] [--sandbox docker|process]
+                                [--calibrate 03,04,06] [--pool 20] [--budget-s 480]
 
 It says where it grades and on what: in the course's CUDA grading image
 (``--sandbox docker``: the default where a Docker engine holds ``labs.yaml``'s
@@ -12,6 +13,13 @@ there; versions other than the lock's are named, since figures taken on them may
 differ from the image's. A lab this environment cannot grade (no usable Triton: the
 graders record it as an infrastructure failure, never a student's 0) is reported
 with the reason and the check goes on to the next lab.
+
+Then ``labs calibrate`` for the ``--calibrate`` labs (the reference's perf ratios on
+this GPU model and the thresholds they suggest), and ``--pool`` lab 04 submissions
+(the reference, the stub and the course's mutants, round robin) through the course
+server's embedded runner on one GPU (``labs serve --runner local --gpus 0``), timed:
+seconds per submission and submissions per hour, the figures a capacity model needs.
+Each phase stops when ``--budget-s`` (all phases together) runs out and says so.
 
 Writes ``DIR/gpu-check.json`` (default DIR: ``$OUT`` when set, else
 ``.labs-staff/gpu-check``): per lab the reference's score and, per GPU test, its
@@ -25,7 +33,11 @@ import argparse
 import importlib.metadata
 import json
 import os
+import socket
+import subprocess
 import sys
+import tempfile
+import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -83,6 +95,93 @@ def check_lab(course: manifest.Course, number: str, sandbox: str) -> dict:
                            "perf": t.perf} for t in gpu]}
 
 
+def calibrate_labs(course: manifest.Course, numbers: list[str], gpu_model: str) -> dict:
+    from harness import calibrate
+    out = {}
+    for number in numbers:
+        try:
+            out[number] = calibrate.calibrate(course, course.lab(number), gpu_model)
+        except grading.GradingError as e:
+            out[number] = {"error": str(e)[:500]}
+        for key, row in out[number].get("perf", {}).items():
+            print(f"  calibrate lab {number} {key}: reference ratio "
+                  + (f"{row['ratio']:.3f}, suggested full/zero {row['suggested_full_credit']}/"
+                     f"{row['suggested_zero_credit']}" if row["ratio"] is not None else "not run"))
+    return out
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def pool_run(course: manifest.Course, lab_number: str, n: int, gpus: str, deadline: float) -> dict:
+    """``n`` submissions of ``lab_number`` through ``labs serve --runner local --gpus GPUS``
+    (a fresh SQLite database in a temporary folder): the reference, the stub and every
+    mutant in tests/mutants/NN, round robin, one student each; waits until all are graded
+    or ``deadline`` (time.monotonic()) passes. Returns the timing figures."""
+    import httpx
+    from harness import impl as _impl
+    lab = course.lab(lab_number)
+    root = Path(course.root)
+    sources = [root / "solutions" / lab.number / lab.filename, root / "labs" / lab.number / lab.filename]
+    sources += sorted(p for p in (root / "tests" / "mutants" / lab.number).glob("*.py")
+                      if "MUTATE" not in p.read_text())  # full modules; edit-style mutants need the test helper
+    with tempfile.TemporaryDirectory(prefix="labs-gpu-pool-") as tmp:
+        url, port = f"sqlite:///{tmp}/server.db", _free_port()
+        labs_cmd = [sys.executable, "-m", "harness", "--course", str(course.root)]
+        roster = Path(tmp) / "roster.csv"
+        roster.write_text("name\n" + "".join(f"student{i:02d}\n" for i in range(n)))
+        subprocess.run(labs_cmd + ["roster", "import", str(roster), "--db", url, "--tokens", f"{tmp}/tokens.csv"],
+                       check=True, capture_output=True)
+        tokens = [line.split(",")[1] for line in Path(f"{tmp}/tokens.csv").read_text().splitlines()[1:]]
+        log = open(Path(tmp) / "server.log", "w")
+        server = subprocess.Popen(labs_cmd + ["serve", "--db", url, "--port", str(port), "--runner", "local",
+                                              "--gpus", gpus], stdout=log, stderr=subprocess.STDOUT)
+        base = f"http://127.0.0.1:{port}"
+        try:
+            while time.monotonic() < deadline:
+                try:
+                    httpx.get(f"{base}/healthz", timeout=2)
+                    break
+                except httpx.HTTPError:
+                    time.sleep(0.5)
+            t0 = time.monotonic()
+            ids = []
+            for i, token in enumerate(tokens):
+                src = sources[i % len(sources)]
+                d = Path(tmp) / f"sub{i}" / lab.number
+                d.mkdir(parents=True)
+                (d / lab.filename).write_bytes(src.read_bytes() + f"\n# submission {i}\n".encode())
+                blob = grading.pack_module(_impl.locate(d.parent, lab), lab)
+                r = httpx.post(f"{base}/api/submissions", data={"lab": lab.number},
+                               files={"file": (f"{lab.number}.tar.gz", blob)},
+                               headers={"Authorization": f"Bearer {token}"}, timeout=60)
+                r.raise_for_status()
+                ids.append((token, r.json()["id"], src.relative_to(root).as_posix()))
+            done: dict[str, dict] = {}
+            while len(done) < len(ids) and time.monotonic() < deadline:
+                for token, sid, what in ids:
+                    if sid not in done:
+                        v = httpx.get(f"{base}/api/submissions/{sid}", headers={"Authorization": f"Bearer {token}"},
+                                      timeout=30).json()
+                        if v["state"] in ("done", "failed"):
+                            done[sid] = {"source": what, "state": v["state"], **{k: v.get("result", {}).get(k)
+                                         for k in ("score", "max_score", "duration_s", "status")}}
+                time.sleep(1.0)
+            wall = time.monotonic() - t0
+        finally:
+            server.terminate()
+            server.wait(timeout=60)
+            log.close()
+    per = [d["duration_s"] for d in done.values() if d.get("duration_s")]
+    return {"submitted": len(ids), "graded": len(done), "wall_s": round(wall, 1), "gpus": gpus,
+            "per_submission_s": round(sum(per) / len(per), 2) if per else None,
+            "submissions_per_hour": round(3600 * len(done) / wall, 1) if wall else None,
+            "stopped_by_budget": len(done) < len(ids), "results": list(done.values())}
+
+
 def main(argv: list[str] | None = None) -> int:
     course = manifest.load(ROOT)
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
@@ -92,7 +191,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--sandbox", choices=grading.SANDBOXES, default=None,
                     help="docker: the CUDA grading image; process: this machine's Python (default: docker "
                          "where the image and a GPU runtime are there)")
+    ap.add_argument("--calibrate", default="03,04,06", help="labs to calibrate (comma-separated; '' for none)")
+    ap.add_argument("--pool", type=int, default=20, help="lab 04 submissions through the embedded runner (0: none)")
+    ap.add_argument("--budget-s", type=float, default=480.0, help="seconds for every phase together")
     args = ap.parse_args(argv)
+    deadline = time.monotonic() + args.budget_s
     sandbox = args.sandbox or ("docker" if container._gpu_runtime()
                                and container.choose_sandbox(course, gpu=True)[0] == "docker" else "process")
     try:
@@ -115,6 +218,10 @@ def main(argv: list[str] | None = None) -> int:
     report = {"environment": env, "labs": {}}
     ok = True
     for number in labs:
+        if time.monotonic() > deadline:
+            print(f"gpu check: the {args.budget_s:g} s budget ran out before lab {number}")
+            report.setdefault("not_reached", []).append(number)
+            continue
         report["labs"][number] = res = check_lab(course, number, sandbox)
         for t in res["gpu_tests"]:
             ok &= t["outcome"] == "passed"
@@ -126,6 +233,16 @@ def main(argv: list[str] | None = None) -> int:
         else:
             print(f"lab {number}: reference {res['score']:g} / {res['max_score']:g} ({res['duration_s']} s)")
         (out / "gpu-check.json").write_text(json.dumps(report, indent=2))  # after each lab: a cut run keeps some
+    cal = [x for x in args.calibrate.split(",") if x.strip()]
+    if cal and time.monotonic() < deadline:
+        report["calibrate"] = calibrate_labs(course, cal, env["device"])
+        (out / "gpu-check.json").write_text(json.dumps(report, indent=2))
+    if args.pool and time.monotonic() < deadline:
+        report["pool"] = pool = pool_run(course, "04", args.pool, "0", deadline)
+        print(f"gpu check: pool: {pool['graded']}/{pool['submitted']} lab 04 submissions graded in {pool['wall_s']} s "
+              f"on one GPU: {pool['per_submission_s']} s each, {pool['submissions_per_hour']} per hour"
+              + (" (stopped by the budget)" if pool["stopped_by_budget"] else ""))
+    (out / "gpu-check.json").write_text(json.dumps(report, indent=2))
     print(f"gpu check: wrote {out / 'gpu-check.json'}")
     return 0 if ok else 1
 

@@ -208,3 +208,108 @@ def test_results_totals_agree_gpu_tests_are_not_failed_and_leaderboard_names_are
     assert "status" not in gpu and gpu["max_score"] == 0 and gpu["extra_data"]["not_run_points"] == third
     assert [e["name"] for e in res["leaderboard"]] == ["speed [0]", "speed [1]", "speed [2]"]
     check_results_schema(res)
+
+
+# --- the Gradescope bridge: GPU tests forwarded to the course server ---------------------
+
+def _bridge_server(course_root, tmp_path):
+    """The course server on a free loopback port with one embedded dispatcher (threads);
+    returns (url, bridge token, stop)."""
+    import socket
+    import threading
+    import time
+
+    import uvicorn
+
+    from harness import manifest
+    from harness.server import app as server_app, runner, service
+
+    course = manifest.load(course_root)
+    url = f"sqlite:///{tmp_path / 'server.db'}"
+    app = server_app.create_app(course, url)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
+    threading.Thread(target=server.run, daemon=True).start()
+    with app.state.sessions() as s:
+        token = service.add_account(s, "gradescope", "bridge", b"k", now=time.time())
+    dispatcher = runner.Dispatcher(url, course, "test-gpu-host", poll_s=0.2)
+    threading.Thread(target=dispatcher.run, daemon=True).start()
+    while not server.started:
+        time.sleep(0.05)
+
+    def stop():
+        dispatcher.stop.set()
+        server.should_exit = True
+    return f"http://127.0.0.1:{port}", token, stop, app
+
+
+def _autograder_with_server(toy_course, tmp_path, server_url, token):
+    z = tmp_path / "ag-server.zip"
+    p = labs(toy_course, "gradescope", "build", "--lab", "07", "--out", str(z), "--server", server_url,
+             "--server-token", token)
+    assert p.returncode == 0, p.stderr
+    assert "graded on the course server" in p.stdout
+    root = tmp_path / "ag"
+    with zipfile.ZipFile(z) as zf:
+        assert json.loads(zf.read("server.json")) == {"url": server_url, "token": token}
+        zf.extractall(root / "source")
+    (root / "submission/labs/07").mkdir(parents=True)
+    (root / "submission/labs/07/toy.py").write_text(TOY_SOLUTION)
+    (root / "submission_metadata.json").write_text(json.dumps({"users": [{"name": "Ada L", "email": "ada@uni.edu"}]}))
+    env = {**os.environ, "AUTOGRADER_ROOT": str(root), "LABS_PYTHON": sys.executable}
+    env.pop("LABS_COURSE", None)
+    p = subprocess.run(["bash", str(root / "source/run_autograder")], cwd=root, env=env, capture_output=True,
+                       text=True, timeout=600)
+    assert p.returncode == 0, p.stdout + p.stderr
+    r = json.loads((root / "results/results.json").read_text())
+    check_results_schema(r)
+    return r, root
+
+
+def test_gradescope_forwards_the_module_to_the_course_server_and_reports_its_grade(toy_course, tmp_path):
+    from sqlalchemy import select
+
+    from harness.server import db
+    url, token, stop, app = _bridge_server(toy_course, tmp_path)
+    try:
+        r, root = _autograder_with_server(toy_course, tmp_path, url, token)
+    finally:
+        stop()
+    check = r["tests"][0]
+    assert "Graded on the course's GPU runners (cpu)" in check["output"], check["output"]
+    assert r["score"] == pytest.approx(6.5) and len(r["tests"]) == 5
+    with app.state.sessions() as s:  # the student Gradescope named, one submission, graded once
+        acc = s.scalar(select(db.Account).where(db.Account.email == "ada@uni.edu"))
+        assert acc is not None and acc.role == "student" and acc.name == "Ada L"
+        subs = s.scalars(select(db.Submission).where(db.Submission.account_id == acc.id)).all()
+        assert len(subs) == 1 and len(subs[0].jobs) == 1 and subs[0].jobs[0].result.runner == "test-gpu-host"
+
+
+def test_gradescope_says_why_the_gpu_tests_were_not_run(toy_course, tmp_path, autograder):
+    r = autograder({"labs/07/toy.py": TOY_SOLUTION})  # no server in the zip
+    assert "The GPU tests (1.5 points) were not run: Gradescope has no GPU and this autograder forwards to no " \
+           "course server" in r["tests"][0]["output"]
+    import socket
+    with socket.socket() as s:  # a server that is not there: the local grade stands, with the reason
+        s.bind(("127.0.0.1", 0))
+        dead = f"http://127.0.0.1:{s.getsockname()[1]}"
+    r, _ = _autograder_with_server(toy_course, tmp_path, dead, "tok")
+    assert r["score"] == pytest.approx(6.5)
+    assert "The GPU tests were not run: the course server" in r["tests"][0]["output"]
+    assert "could not be reached" in r["tests"][0]["output"]
+
+
+def test_bridge_routes_need_the_bridge_token(toy_course, tmp_path):
+    import httpx
+    url, token, stop, _ = _bridge_server(toy_course, tmp_path)
+    try:
+        files = {"file": ("07.tar.gz", b"x")}
+        assert httpx.post(f"{url}/api/bridge/submissions", data={"lab": "07", "email": "a@b"}, files=files,
+                          headers={"Authorization": "Bearer wrong"}).status_code == 401
+        assert httpx.get(f"{url}/api/bridge/submissions/x", headers={"Authorization": "Bearer wrong"}).status_code == 401
+        assert httpx.get(f"{url}/api/bridge/submissions/nope",
+                         headers={"Authorization": f"Bearer {token}"}).status_code == 404
+    finally:
+        stop()

@@ -268,6 +268,11 @@ def reset_command(ctx, lab_number, yes):
 
 
 
+from .submit import COMMANDS as _SUBMIT_COMMANDS  # noqa: E402  (labs login, submit, status: the course server)
+
+for _command in _SUBMIT_COMMANDS:
+    main.add_command(_command)
+
 # --- staff commands (harness.cli.staff); a student release has none of them --------
 
 try:

@@ -22,6 +22,7 @@ from rich.table import Table
 from .. import classroom, container, gradebook as gradebook_api, gradescope, grading, nbgrader_export, release, scaffold
 from ..errors import ExitCode, LabsError
 from . import _course
+from .server import COMMANDS as SERVER_COMMANDS
 
 
 # --- labs grade-all ---------------------------------------------------------------
@@ -245,21 +246,29 @@ def gradescope_group():
                    "tree elsewhere: the zip holds the hidden graders).")
 @click.option("--visibility", type=click.Choice(gradescope.VISIBILITIES), default="after_published", show_default=True,
               help="Gradescope visibility of the hidden grader tests.")
+@click.option("--server", default=None, help="the course server's URL: forward each submission there for its "
+                                             "GPU tests (needs a bridge token)")
+@click.option("--server-token", envvar="LABS_BRIDGE_TOKEN", default=None,
+              help="a bridge account's token (labs account add gradescope --role bridge; or LABS_BRIDGE_TOKEN)")
 @click.pass_context
-def build_command(ctx, lab_number, out, visibility):
+def build_command(ctx, lab_number, out, visibility, server, server_token):
     """Write the Gradescope autograder zip for a lab (setup.sh, run_autograder, the
     harness and the lab's hidden graders; never solutions/)."""
     course = _course(ctx)
     lab = course.lab(lab_number)
     out = course.staff_output(out, f"gradescope-lab{lab.number}.zip", "--out")
     try:
-        names = gradescope.build_zip(course, lab, out, visibility)
+        names = gradescope.build_zip(course, lab, out, visibility, server=server, server_token=server_token)
+    except ValueError as e:
+        raise LabsError(str(e), ExitCode.USAGE) from None
     except FileNotFoundError as e:
         raise LabsError(str(e), ExitCode.USAGE, hint="graders/NN/ must exist to build an autograder") from None
     click.echo(f"wrote {out} ({len(names)} files, {out.stat().st_size / 1024:.0f} KiB): upload it as the "
                f"autograder of lab {lab.number}")
     gpu = grading.gpu_points(course, lab)
-    if gpu:
+    if gpu and server:
+        click.echo(f"{gpu:g} GPU points are graded on the course server {server}")
+    elif gpu:
         click.echo(f"labs: warning: {gpu:g} of lab {lab.number}'s {lab.points:g} points need a GPU, and "
                    f"Gradescope's workers have none: those tests show as not run and score 0. Either rescale "
                    f"the assignment to the runnable maximum ({lab.points - gpu:g} points; results.json "
@@ -274,13 +283,37 @@ def build_command(ctx, lab_number, out, visibility):
 @click.option("--log", "log_path", type=click.Path(dir_okay=False, path_type=Path), default=None)
 @click.option("--lab", "lab_number", required=True)
 @click.option("--visibility", type=click.Choice(gradescope.VISIBILITIES), default="after_published")
+@click.option("--server-results", type=click.Path(dir_okay=False, path_type=Path), default=None,
+              help="what `gradescope forward` wrote (when the zip names a course server)")
 @click.pass_context
-def finalize_command(ctx, raw, out, status, log_path, lab_number, visibility):
+def finalize_command(ctx, raw, out, status, log_path, lab_number, visibility, server_results):
     """(run_autograder) Write Gradescope's results.json from `labs grade --json` output."""
-    lab = _course(ctx).lab(lab_number)
+    course = _course(ctx)
+    lab = course.lab(lab_number)
     log = log_path.read_text(errors="replace") if log_path and log_path.is_file() else ""
-    res = gradescope.finalize(raw, out, status=status, log=log, lab=lab, visibility=visibility)
+    try:
+        gpu = grading.gpu_points(course, lab)
+    except grading.GradingError:
+        gpu = 0.0
+    res = gradescope.finalize(raw, out, status=status, log=log, lab=lab, visibility=visibility,
+                              server_results=server_results, gpu_points=gpu)
     click.echo(f"results.json: score {res['score']:g}, {len(res['tests'])} tests")
+
+
+@gradescope_group.command("forward", hidden=True)
+@click.argument("submission", type=click.Path(file_okay=False, path_type=Path))
+@click.option("--lab", "lab_number", required=True)
+@click.option("--metadata", type=click.Path(dir_okay=False, path_type=Path), default=None,
+              help="Gradescope's submission_metadata.json (names the student)")
+@click.option("--out", type=click.Path(dir_okay=False, path_type=Path), required=True)
+@click.option("--wait", "wait_s", type=float, default=gradescope.FORWARD_WAIT_S, show_default=True)
+@click.pass_context
+def forward_command(ctx, submission, lab_number, metadata, out, wait_s):
+    """(run_autograder) Forward the submission to the course server named in server.json
+    and wait for its GPU runners' grade."""
+    course = _course(ctx)
+    got = gradescope.forward(course, submission, course.lab(lab_number), metadata, out, wait_s=wait_s)
+    click.echo(f"forward: {got.get('error') or 'graded on ' + str(got.get('gpu_model'))}")
 
 
 # --- labs image ------------------------------------------------------------------
@@ -376,4 +409,4 @@ def new_command(ctx, number, module, title):
                f"`labs grade solutions --lab {number}` (full marks) and `labs grade labs --lab {number}` (0)")
 
 
-COMMANDS = [grade_all_command, nbgrader_group, gradescope_group, image, new_command, release_command]
+COMMANDS = [grade_all_command, nbgrader_group, gradescope_group, image, new_command, release_command, *SERVER_COMMANDS]

@@ -1,0 +1,293 @@
+"""Staff commands of the course server: ``labs serve``, ``labs roster import``,
+``labs account add``, ``labs regrade``, ``labs grant``, ``labs leaderboard``.
+
+Each parses its options, calls ``harness.server`` and prints what it did. The database
+is ``--db URL`` (or ``LABS_DB``), by default SQLite in the course's ``.labs-staff/``.
+"""
+from __future__ import annotations
+
+import csv
+import os
+import signal
+import time
+from pathlib import Path
+
+import click
+from rich.console import Console
+from rich.markup import escape
+from rich.table import Table
+
+from .. import grading
+from ..errors import ExitCode, LabsError
+from . import _course
+
+DB_HELP = "database URL (default: $LABS_DB, else SQLite in the course's .labs-staff/server.db)"
+
+
+def _url(course, db: str | None) -> str:
+    from ..server import db as _db
+    return db or os.environ.get("LABS_DB") or _db.default_url(course.root)
+
+
+def _sessions(course, db):
+    from ..server import db as _db
+    return _db.sessions(_url(course, db))
+
+
+def _secret(course) -> bytes:
+    return grading.course_secret(course) or b"labs-no-secret"
+
+
+@click.command("serve")
+@click.option("--db", default=None, help=DB_HELP)
+@click.option("--host", default="127.0.0.1", show_default=True)
+@click.option("--port", default=8000, show_default=True, type=int)
+@click.option("--runner", "mode", type=click.Choice(["local", "pool", "none"]), default="local", show_default=True,
+              help="local: dispatchers on this machine (--gpus); pool: Celery workers on GPU hosts (--broker); "
+                   "none: only the API and pages")
+@click.option("--gpus", default="cpu:1", show_default=True, help="local runner slots: GPU indices (0,1) or cpu:N")
+@click.option("--broker", default=None, help="pool mode: the Celery broker URL (redis://host:port/0)")
+@click.option("--gpu-model", "gpu_model", default="default", show_default=True,
+              help="pool mode: the queue family to publish to (labs runner --gpu-model on the hosts)")
+@click.option("--lease", "lease_s", default=60.0, show_default=True, type=float,
+              help="seconds a runner's lease lasts without renewal")
+@click.pass_context
+def serve_command(ctx, db, host, port, mode, gpus, broker, gpu_model, lease_s):
+    """Run the course server: the API `labs submit` talks to, the pages, and (with
+    --runner local) one grading dispatcher per GPU or CPU slot. A killed server loses
+    nothing: every submission is in the database before it is queued, and a restart
+    re-queues what was left."""
+    import uvicorn
+
+    from ..server import app as _app, runner as _runner
+    course = _course(ctx)
+    url = _url(course, db)
+    publish = None
+    if mode == "pool":
+        if not broker:
+            raise LabsError("--runner pool needs --broker URL", hint="e.g. --broker redis://127.0.0.1:6379/0",
+                            code=ExitCode.USAGE)
+        from ..server import pool
+        publish = pool.publisher(broker, gpu_model)
+    try:
+        procs = _runner.start_dispatchers(url, course.root, gpus, lease_s=lease_s) if mode == "local" else []
+    except ValueError as e:
+        raise LabsError(str(e), code=ExitCode.USAGE) from None
+    click.echo(f"labs: serving {course.name} on http://{host}:{port} (database {url.split('://')[0]}, "
+               f"runner {mode}{' ' + gpus if mode == 'local' else ''})", err=True)
+    app = _app.create_app(course, url, publish=publish)
+    server = uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level="warning"))
+    try:
+        server.run()
+    finally:
+        for p in procs:
+            p.send_signal(signal.SIGTERM)
+        for p in procs:
+            try:
+                p.wait(timeout=30)
+            except Exception:  # noqa: BLE001 - a dispatcher mid-job: its lease expires, the job is re-queued
+                p.kill()
+
+
+@click.group("roster")
+def roster_group():
+    """The course roster: accounts and their tokens."""
+
+
+@roster_group.command("import")
+@click.argument("csv_path", type=click.Path(exists=True, dir_okay=False, path_type=Path))
+@click.option("--db", default=None, help=DB_HELP)
+@click.option("--tokens", "tokens_out", type=click.Path(dir_okay=False, path_type=Path), default=None,
+              help="where to write the new tokens (name,token CSV, mode 0600; default .labs-staff/tokens-<time>.csv)")
+@click.pass_context
+def roster_import(ctx, csv_path, db, tokens_out):
+    """Import a roster CSV (columns name[,email][,role]); every new name gets a token,
+    stored hashed: the tokens are written once, to --tokens, for you to send out."""
+    from ..server import service
+    course = _course(ctx)
+    with csv_path.open(newline="") as f:
+        rows = list(csv.DictReader(f))
+    if not rows or not ({"name", "student"} & set(rows[0])):
+        raise LabsError(f"{csv_path}: needs a header row with a 'name' column", code=ExitCode.USAGE)
+    out = course.staff_output(tokens_out, f"tokens-{time.strftime('%Y%m%d-%H%M%S')}.csv", "--tokens")
+    with _sessions(course, db)() as s:
+        try:
+            got = service.import_roster(s, rows, _secret(course), now=time.time())
+        except ValueError as e:
+            raise LabsError(f"{csv_path}: {e}", code=ExitCode.USAGE) from None
+    new = [(n, t) for n, t in got if t]
+    fd = os.open(out, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(["name", "token"])
+        w.writerows(new)
+    click.echo(f"{len(new)} new account(s), {len(got) - len(new)} existed (tokens unchanged); tokens in {out}")
+
+
+@click.group("account")
+def account_group():
+    """Single accounts: staff members and runner hosts."""
+
+
+@account_group.command("add")
+@click.argument("name")
+@click.option("--role", type=click.Choice(["student", "staff", "runner"]), required=True)
+@click.option("--db", default=None, help=DB_HELP)
+@click.pass_context
+def account_add(ctx, name, role, db):
+    """Add one account and print its token (shown once)."""
+    from ..server import service
+    course = _course(ctx)
+    with _sessions(course, db)() as s:
+        try:
+            token = service.add_account(s, name, role, _secret(course), now=time.time())
+        except (ValueError, service.Rejected) as e:
+            raise LabsError(str(e), code=ExitCode.USAGE) from None
+    click.echo(token)
+
+
+@click.command("regrade")
+@click.option("--lab", "lab_number", required=True)
+@click.option("--student", default=None, help="only this student's newest submission")
+@click.option("--db", default=None, help=DB_HELP)
+@click.pass_context
+def regrade_command(ctx, lab_number, student, db):
+    """Queue a regrade of each student's newest submission (after a grader change), on
+    the regrade queue: interactive submissions go first. The server publishes them on
+    its next start (pool mode) or its dispatchers pick them up (local)."""
+    from ..server import service
+    course = _course(ctx)
+    lab = course.lab(lab_number)
+    with _sessions(course, db)() as s:
+        ids = service.regrade(s, lab.number, time.time(), student=student)
+    click.echo(f"{len(ids)} regrade job(s) queued for lab {lab.number}")
+
+
+@click.command("grant")
+@click.argument("student")
+@click.option("--lab", "lab_number", required=True)
+@click.option("--submissions", "n", default=1, show_default=True, type=float)
+@click.option("--db", default=None, help=DB_HELP)
+@click.pass_context
+def grant_command(ctx, student, lab_number, n, db):
+    """Staff override of the rate limit: give STUDENT extra submissions of a lab now."""
+    from sqlalchemy import select
+
+    from ..server import db as _db, service
+    course = _course(ctx)
+    lab = course.lab(lab_number)
+    with _sessions(course, db)() as s:
+        acc = s.scalar(select(_db.Account).where(_db.Account.name == student))
+        if acc is None:
+            raise LabsError(f"no account {student!r}", code=ExitCode.USAGE)
+        level = service.grant(s, acc, lab.number, n, time.time())
+    click.echo(f"{student}: {level:g} submission(s) of lab {lab.number} available now")
+
+
+@click.group("leaderboard")
+def leaderboard_group():
+    """The per-lab performance leaderboard."""
+
+
+@leaderboard_group.command("show")
+@click.option("--lab", "lab_number", required=True)
+@click.option("--gpu-model", default=None)
+@click.option("--db", default=None, help=DB_HELP)
+@click.pass_context
+def leaderboard_show(ctx, lab_number, gpu_model, db):
+    """Print the leaderboard as staff see it (names, invalid runs with their reasons)."""
+    from ..server import service
+    course = _course(ctx)
+    lab = course.lab(lab_number)
+    with _sessions(course, db)() as s:
+        rows = service.leaderboard(s, lab.number, gpu_model, staff=True)
+    t = Table(title=f"Lab {lab.number} leaderboard")
+    for col in ("rank", "student", "pseudonym", "GPU", "perf ratio", "score", "result", "invalid"):
+        t.add_column(col)
+    for r in rows:
+        t.add_row(str(r["rank"] or "-"), escape(r["student"] or ""), r["name"], escape(r["gpu_model"]),
+                  f"{r['perf_ratio']:.4g}", f"{r['score']:.4g}", str(r["result_id"]), escape(r["invalid"] or ""))
+    Console(highlight=False, soft_wrap=True).print(t)
+
+
+@leaderboard_group.command("invalid")
+@click.argument("result_id", type=int)
+@click.option("--reason", required=True)
+@click.option("--db", default=None, help=DB_HELP)
+@click.pass_context
+def leaderboard_invalid(ctx, result_id, reason, db):
+    """Hide one run from the leaderboard, with a reason (kept, shown to staff)."""
+    from ..server import service
+    course = _course(ctx)
+    with _sessions(course, db)() as s:
+        try:
+            service.mark_invalid(s, result_id, reason)
+        except (ValueError, service.Rejected) as e:
+            raise LabsError(str(e), code=ExitCode.USAGE) from None
+    click.echo(f"result {result_id} marked invalid: {reason}")
+
+
+@leaderboard_group.command("verify")
+@click.option("--lab", "lab_number", required=True)
+@click.option("--top", default=10, show_default=True, type=int)
+@click.option("--db", default=None, help=DB_HELP)
+@click.pass_context
+def leaderboard_verify(ctx, lab_number, top, db):
+    """Before a deadline closes: queue a re-run (regrade queue) of the top N runs, so
+    the ranking rests on a second measurement."""
+    from ..server import db as _db, service
+    course = _course(ctx)
+    lab = course.lab(lab_number)
+    now = time.time()
+    with _sessions(course, db)() as s:
+        rows = [r for r in service.leaderboard(s, lab.number, None, staff=True) if r["rank"]][:top]
+        for r in rows:
+            sub = s.get(_db.Submission, r["submission"])
+            s.add(_db.Job(submission=sub, queue="regrade", state="queued", created_at=now))
+        s.commit()
+    click.echo(f"{len(rows)} top run(s) of lab {lab.number} queued for verification")
+
+
+COMMANDS = [serve_command, roster_group, account_group, regrade_command, grant_command, leaderboard_group]
+
+
+@click.command("calibrate")
+@click.option("--lab", "lab_numbers", multiple=True, required=True, help="lab number (repeatable)")
+@click.option("--json", "json_path", type=click.Path(dir_okay=False, path_type=Path), default=None,
+              help="also write the figures as JSON")
+@click.pass_context
+def calibrate_command(ctx, lab_numbers, json_path):
+    """Run the reference's perf tests on this machine (against the same baselines the
+    graders use) and print each perf ratio with the thresholds it suggests for this GPU
+    model. On a host without a GPU only the CPU perf tests run: it says so."""
+    from .. import calibrate
+    from ..server import runner as _runner
+    course = _course(ctx)
+    info = _runner.doctor(course)
+    model = info["gpu_model"]
+    if model == "cpu":
+        click.echo(f"labs: {info['gpu']}: only the CPU perf tests run here; GPU thresholds need a GPU host",
+                   err=True)
+    out = []
+    c = Console(highlight=False, soft_wrap=True)
+    for number in lab_numbers:
+        lab = course.lab(number)
+        got = calibrate.calibrate(course, lab, model)
+        out.append(got)
+        t = Table(title=f"Lab {lab.number} on {model} ({got['duration_s']} s)")
+        for col in ("perf key", "baseline", "reference ratio", "labs.yaml full/zero", "credit", "suggested full/zero"):
+            t.add_column(col)
+        for key, row in got["perf"].items():
+            ran = row["ratio"] is not None
+            t.add_row(key, escape(row["baseline"]), f"{row['ratio']:.3f}" if ran else "not run here",
+                      f"{row['full_credit']:g} / {row['zero_credit']:g}", f"{row['credit']:.2f}" if ran else "",
+                      f"{row['suggested_full_credit']:g} / {row['suggested_zero_credit']:g}" if ran else "")
+        c.print(t)
+        for line in got["not_run"]:
+            c.print(escape(f"  not run: {line}"))
+    if json_path:
+        grading.write_json_atomic(json_path, {"host": info, "labs": out})
+        click.echo(f"figures in {json_path}")
+
+
+COMMANDS.append(calibrate_command)

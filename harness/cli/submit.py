@@ -1,0 +1,174 @@
+"""Student commands of the course server: ``labs login``, ``labs submit NN``,
+``labs status [ID]``.
+
+The server and token come from ``--server``/``--token``, else ``LABS_SERVER``/
+``LABS_TOKEN``, else what ``labs login`` saved (the user's config folder, mode 0600).
+``labs submit`` packs only the lab's module (``labs/NN/<module>.py``): nothing else of
+the checkout leaves the machine.
+"""
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+
+import click
+import httpx
+import platformdirs
+from rich.console import Console
+from rich.markup import escape
+from rich.table import Table
+
+from .. import grading, impl as _impl
+from ..errors import ExitCode, LabsError
+from . import _course
+
+CONFIG = Path(platformdirs.user_config_dir("ai-infra-labs")) / "server.json"
+TIMEOUT_S = 60.0
+
+
+class ServerError(LabsError):
+    """The course server refused a request or could not be reached."""
+
+
+def _config(server: str | None, token: str | None) -> tuple[str, str]:
+    saved = json.loads(CONFIG.read_text()) if CONFIG.is_file() else {}
+    server = server or os.environ.get("LABS_SERVER") or saved.get("server")
+    token = token or os.environ.get("LABS_TOKEN") or saved.get("token")
+    if not server or not token:
+        raise ServerError("no course server or token", hint="run `labs login --server URL --token TOKEN` "
+                                                            "(the token came with your course's roster e-mail)")
+    return server.rstrip("/"), token
+
+
+def _request(method: str, server: str, token: str, path: str, **kw) -> httpx.Response:
+    try:
+        r = httpx.request(method, f"{server}{path}", headers={"Authorization": f"Bearer {token}"},
+                          timeout=TIMEOUT_S, **kw)
+    except httpx.HTTPError as e:
+        raise ServerError(f"cannot reach the course server {server}: {type(e).__name__}: {e}",
+                          code=ExitCode.GRADING_FAILED) from None
+    if r.status_code >= 400:
+        try:
+            detail = r.json().get("detail", r.text)
+        except ValueError:
+            detail = r.text[:300]
+        wait = r.headers.get("retry-after")
+        raise ServerError(f"the server said {r.status_code}: {detail}",
+                          hint=f"try again in {wait} s" if wait else "",
+                          code=ExitCode.GRADING_FAILED if r.status_code >= 500 else ExitCode.USAGE)
+    return r
+
+
+@click.command("login")
+@click.option("--server", required=True, help="the course server's URL")
+@click.option("--token", required=True, help="your token")
+def login_command(server, token):
+    """Save the course server and your token for `labs submit` and `labs status`."""
+    _request("GET", server.rstrip("/"), token, "/api/submissions")  # a wrong token fails here, not later
+    CONFIG.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(CONFIG, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as f:
+        json.dump({"server": server.rstrip("/"), "token": token}, f)
+    click.echo(f"saved to {CONFIG}")
+
+
+@click.command("submit")
+@click.argument("lab_number")
+@click.option("--server", default=None, help="course server URL (default: LABS_SERVER or `labs login`)")
+@click.option("--token", default=None, help="your token (default: LABS_TOKEN or `labs login`)")
+@click.pass_context
+def submit_command(ctx, lab_number, server, token):
+    """Upload lab LAB_NUMBER's module (labs/NN/<module>.py) for grading on the course's
+    GPU runners; prints the submission id (`labs status ID` follows it)."""
+    course = _course(ctx)
+    lab = course.lab(lab_number)
+    server, token = _config(server, token)
+    try:
+        path = _impl.locate(course.root / "labs", lab)
+    except _impl.ImplError as e:
+        raise LabsError(str(e)) from None
+    blob = grading.pack_module(path, lab)
+    r = _request("POST", server, token, "/api/submissions", data={"lab": lab.number},
+                 files={"file": (f"{lab.number}.tar.gz", blob, "application/gzip")})
+    sub = r.json()
+    note = " (the same module as an earlier submission: not queued again)" if sub.get("duplicate") else ""
+    click.echo(f"submitted lab {lab.number}: {sub['id']}{note}")
+    click.echo(f"  state {sub['state']}" + (f", position {sub['position']}" if sub.get("position") else "")
+               + (f", about {sub['eta_s'] / 60:.1f} min" if sub.get("eta_s") is not None else ""))
+    click.echo(f"  `labs status {sub['id']}` shows it")
+
+
+@click.command("status")
+@click.argument("sub_id", required=False)
+@click.option("--lab", "lab_number", default=None, help="only this lab's submissions")
+@click.option("--wait", is_flag=True, help="wait until the submission is graded")
+@click.option("--server", default=None, help="course server URL (default: LABS_SERVER or `labs login`)")
+@click.option("--token", default=None, help="your token (default: LABS_TOKEN or `labs login`)")
+@click.option("--json", "as_json", is_flag=True, help="print the server's JSON")
+def status_command(sub_id, lab_number, wait, server, token, as_json):
+    """Your submissions (or one, by ID): queue position, state and ETA, then the graded
+    table (each hidden test as the course's policy shows it)."""
+    server, token = _config(server, token)
+    if not sub_id:
+        subs = _request("GET", server, token, "/api/submissions", params={"lab": lab_number} if lab_number else {})
+        subs = subs.json()
+        if as_json:
+            click.echo(json.dumps(subs, indent=2))
+            return
+        t = Table(title="Your submissions")
+        for col in ("id", "lab", "state", "score", "status"):
+            t.add_column(col)
+        for s in subs:
+            res = s.get("result") or {}
+            t.add_row(s["id"], s["lab"], s["state"] + (f" ({s['position']})" if s.get("position") else ""),
+                      f"{res['score']:.4g} / {res['max_score']:.4g}" if res else "", escape(res.get("status", s["error"])))
+        Console(highlight=False, soft_wrap=True).print(t)
+        return
+    while True:
+        sub = _request("GET", server, token, f"/api/submissions/{sub_id}").json()
+        if not wait or sub["state"] in ("done", "failed", "cancelled"):
+            break
+        time.sleep(2.0)
+    if as_json:
+        click.echo(json.dumps(sub, indent=2))
+        return
+    _print(sub)
+
+
+def _print(sub: dict) -> None:
+    c = Console(highlight=False, soft_wrap=True)
+    line = f"lab {sub['lab']} submission {sub['id']}: {sub['state']}"
+    if sub.get("position"):
+        line += f", position {sub['position']} in the queue"
+    if sub.get("eta_s") is not None:
+        line += f", about {sub['eta_s'] / 60:.1f} min"
+    if sub.get("late_days"):
+        line += f", {sub['late_days']} day(s) late"
+    c.print(escape(line))
+    if sub.get("error"):
+        c.print(escape(f"not graded: {sub['error']} (an infrastructure failure: it costs you nothing)"))
+    res = sub.get("result")
+    if not res:
+        return
+    c.print(escape(f"score {res['score']:.4g} / {res['max_score']:.4g} ({res['max_score_runnable']:.4g} runnable "
+                   f"on {res['gpu_model']}); {res['status']}"))
+    parts = Table(title="Parts")
+    parts.add_column("part")
+    parts.add_column("points")
+    for p, v in sorted(res.get("parts", {}).items()):
+        parts.add_row(escape(p), f"{v:.4g}")
+    c.print(parts)
+    if "tests" in res:
+        t = Table(title="Tests")
+        for col in ("test", "score", "message"):
+            t.add_column(col)
+        for x in res["tests"]:
+            t.add_row(escape(x["name"]), f"{x['score']:.4g} / {x['max_score']:.4g}", escape((x.get("output") or "")[:300]))
+        c.print(t)
+    else:
+        c.print("each hidden test's result is shown per the course's policy (after the deadline, or never)")
+
+
+COMMANDS = [login_command, submit_command, status_command]
