@@ -100,11 +100,14 @@ def test_released_repo_builds_as_a_package(released, tmp_path):
     import zipfile
     names = zipfile.ZipFile(wheel).namelist()
     assert "harness/plugin.py" in names and not any(n.startswith(("solutions/", "graders/")) for n in names)
+    assert "harness/cli/submit.py" in names and not any(n.startswith("harness/server/") for n in names), \
+        "students get `labs submit`, never the course server"
 
 
 def test_released_cli_has_only_the_student_commands(released):
-    """The student repository's `labs` lists test, grade, list, progress and reset;
-    no staff command (grade-all, gradescope, image, nbgrader, new, release)."""
+    """The student repository's `labs` lists test, grade, list, progress, reset and the
+    course server's student side (login, submit, status); no staff command (grade-all,
+    gradescope, image, nbgrader, new, release, serve, roster, calibrate)."""
     env = {**os.environ, "PYTHONPATH": str(released), "LABS_PROGRESS": "off"}
     env.pop("LABS_COURSE", None)
     p = subprocess.run([sys.executable, "-c", "import harness, sys; assert harness.__file__.startswith(sys.argv[1]); "
@@ -112,7 +115,7 @@ def test_released_cli_has_only_the_student_commands(released):
                        cwd=released, env=env, capture_output=True, text=True, timeout=120)
     assert p.returncode == 0, p.stderr[-2000:]
     listed = {line.split()[0] for line in p.stdout.split("Commands:")[1].splitlines() if line.strip()}
-    assert listed == {"grade", "list", "progress", "reset", "test"}, listed
+    assert listed == {"grade", "list", "progress", "reset", "test", "login", "submit", "status"}, listed
 
 
 def test_released_labs_list_and_readme_show_the_points_that_need_a_gpu(released):
