@@ -43,7 +43,7 @@ from pathlib import Path
 import httpx
 
 
-from . import grading
+from . import grading, impl as _impl
 from .manifest import Course, Lab
 
 HARNESS_DIR = Path(__file__).resolve().parent
@@ -196,7 +196,6 @@ def forward(course: Course, submission: Path, lab: Lab, metadata: Path | None, o
     cfg = json.loads((course.root / SERVER_FILE).read_text())
     users = (json.loads(metadata.read_text()).get("users") or [{}]) if metadata and metadata.is_file() else [{}]
     student, email = users[0].get("name", ""), users[0].get("email", "")
-    from . import impl as _impl
     try:
         blob = grading.pack_module(_impl.locate(submission, lab), lab)
     except (_impl.ImplError, OSError) as e:

@@ -17,7 +17,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from .. import grading
+from .. import calibrate, grading
 from ..errors import ExitCode, LabsError
 from . import _course
 
@@ -260,7 +260,6 @@ def calibrate_command(ctx, lab_numbers, json_path):
     """Run the reference's perf tests on this machine (against the same baselines the
     graders use) and print each perf ratio with the thresholds it suggests for this GPU
     model. On a host without a GPU only the CPU perf tests run: it says so."""
-    from .. import calibrate
     from ..server import runner as _runner
     course = _course(ctx)
     info = _runner.doctor(course)
