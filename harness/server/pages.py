@@ -3,6 +3,7 @@ stylesheet, plots as inline SVG (matplotlib): no external assets, nothing fetche
 from __future__ import annotations
 
 import io
+import threading
 
 from jinja2 import Environment, PackageLoader, select_autoescape
 
@@ -12,10 +13,27 @@ from .service import utc
 ENV = Environment(loader=PackageLoader("harness.server", "templates"), autoescape=select_autoescape(["html"]))
 ENV.filters["utc"] = utc
 ENV.filters["num"] = lambda v, nd=4: "" if v is None else f"{v:.{nd}g}"
+PLOT_LIMIT = 25  # bars per GPU model in the leaderboard's plot (the table lists every run)
+_PLOT_LOCK = threading.Lock()  # matplotlib's rcParams are global; pages render in a thread pool
 
 
-def _page(name: str, course: Course, **kw) -> str:
-    return ENV.get_template(name).render(course=course, **kw)
+def duration(seconds: float | None) -> str:
+    """An estimate in words: ``40 s``, ``12 min``, ``2.5 h``."""
+    if seconds is None:
+        return ""
+    if seconds < 90:
+        return f"{max(1, round(seconds))} s"
+    if seconds < 90 * 60:
+        return f"{round(seconds / 60)} min"
+    return f"{seconds / 3600:.1f} h"
+
+
+ENV.filters["duration"] = duration
+
+
+def _page(name: str, course: Course, *, staff_link: bool = True, **kw) -> str:
+    """``staff_link``: whether the navigation offers the staff overview (not to students)."""
+    return ENV.get_template(name).render(course=course, staff_link=staff_link, **kw)
 
 
 def message(course: Course, text: str) -> str:
@@ -23,15 +41,16 @@ def message(course: Course, text: str) -> str:
 
 
 def login(course: Course) -> str:
-    return _page("login.html", course)
+    return _page("login.html", course, staff_link=False)
 
 
 def student(course: Course, who, submissions: list[dict]) -> str:
-    return _page("student.html", course, who=who, submissions=submissions)
+    return _page("student.html", course, who=who, submissions=submissions, staff_link=who.role == "staff")
 
 
-def submission(course: Course, view: dict) -> str:
-    return _page("submission.html", course, sub=view)
+def submission(course: Course, view: dict, *, staff: bool = True) -> str:
+    """``staff``: whether the viewer is staff (the navigation's staff link)."""
+    return _page("submission.html", course, sub=view, lab=course.lab(view["lab"]), staff_link=staff)
 
 
 def staff(course: Course, labs: list[dict], runners: list[dict]) -> str:
@@ -39,28 +58,46 @@ def staff(course: Course, labs: list[dict], runners: list[dict]) -> str:
 
 
 def leaderboard(course: Course, lab: Lab, rows: list[dict], *, staff: bool) -> str:
-    return _page("leaderboard.html", course, lab=lab, rows=rows, staff=staff, plot=_plot(rows))
+    per_model: dict[str, int] = {}
+    for r in rows:
+        if r["rank"] is not None:
+            per_model[r["gpu_model"]] = per_model.get(r["gpu_model"], 0) + 1
+    return _page("leaderboard.html", course, lab=lab, rows=rows, staff=staff, plot=_plot(rows),
+                 plot_cut=max(per_model.values(), default=0) > PLOT_LIMIT, plot_limit=PLOT_LIMIT, staff_link=staff)
 
 
 def _plot(rows: list[dict]) -> str:
-    """The ranked runs' perf ratios as an inline SVG bar chart (one colour per GPU model)."""
+    """The ranked runs' median perf ratios as an inline SVG bar chart: one colour per GPU
+    model, the fastest ``PLOT_LIMIT`` of each, a line at the baseline (1.0), text as
+    text (a student finds their pseudonym with the browser's search)."""
     ranked = [r for r in rows if r["rank"] is not None]
     if not ranked:
         return ""
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    from matplotlib import rc_context
+    from matplotlib.figure import Figure  # no pyplot: no global figure state shared by request threads
+    from matplotlib.patches import Patch
 
-    fig, ax = plt.subplots(figsize=(7, 0.35 * len(ranked) + 1.2))
-    models = sorted({r["gpu_model"] for r in ranked})
-    colours = {m: f"C{i}" for i, m in enumerate(models)}
-    ax.barh([f"{r['name']} ({r['gpu_model']})" for r in ranked], [r["perf_ratio"] for r in ranked],
-            color=[colours[r["gpu_model"]] for r in ranked])
+    models = list(dict.fromkeys(r["gpu_model"] for r in ranked))  # the table's order
+    shown = [r for m in models for r in [x for x in ranked if x["gpu_model"] == m][:PLOT_LIMIT]]
+    fig = Figure(figsize=(9.5, 0.3 * len(shown) + 1.5), layout="constrained")
+    ax = fig.subplots()
+    colours = {m: f"C{i % 10}" for i, m in enumerate(models)}
+    y = list(range(len(shown)))
+    bars = ax.barh(y, [r["perf_ratio"] for r in shown], color=[colours[r["gpu_model"]] for r in shown],
+                   height=0.7)
+    ax.bar_label(bars, labels=[f"{r['perf_ratio']:.3g}" for r in shown], padding=3, fontsize=9)
+    ax.set_yticks(y, [r["name"] for r in shown], fontsize=9)
     ax.invert_yaxis()
-    ax.set_xlabel("median perf ratio, yours / baseline (lower is faster)")
-    fig.tight_layout()
+    ax.axvline(1.0, color="#555", linestyle="--", linewidth=1)
+    ax.set_xlim(0, max(r["perf_ratio"] for r in shown) * 1.15)
+    ax.set_xlabel("median perf ratio, yours / baseline (lower is faster; dashed: the baseline)")
+    for side in ("top", "right"):
+        ax.spines[side].set_visible(False)
+    fig.legend(handles=[Patch(color=colours[m], label=m) for m in models], loc="outside upper right",
+               ncols=min(len(models), 4), fontsize=9, frameon=False)
     buf = io.StringIO()
-    fig.savefig(buf, format="svg")
-    plt.close(fig)
+    with _PLOT_LOCK, rc_context({"svg.fonttype": "none", "svg.hashsalt": "labs"}):
+        # no metadata: its RDF namespaces and the creator's url are links a page need not carry
+        fig.savefig(buf, format="svg", metadata={"Date": None, "Format": None, "Type": None, "Creator": None})
     svg = buf.getvalue()
-    return svg[svg.index("<svg"):]
+    return svg[svg.index("<svg"):]  # without the XML prolog and DOCTYPE (its DTD is a remote url)
