@@ -18,6 +18,8 @@ from tests.conftest import TOY_SOLUTION
 
 
 def labs(cwd, *args, env=None, timeout=300):
+    env = dict(env or os.environ)
+    env["PATH"] = f"{os.path.dirname(sys.executable)}{os.pathsep}{env.get('PATH', '')}"  # nbgrader runs alembic
     return subprocess.run([sys.executable, "-m", "harness", "--course", str(cwd), *args], cwd=cwd,
                           capture_output=True, text=True, timeout=timeout, env=env)
 
@@ -111,6 +113,12 @@ def test_a_student_submits_from_a_checkout_and_follows_it_to_the_graded_table(se
                   headers={"Authorization": f"Bearer {tokens['prof']}"})
     rows = list(csv.DictReader(io.StringIO(r.text)))
     assert [(x["student"], float(x["score"])) for x in rows] == [("alice", 6.5)]
+    book = f"sqlite:///{tmp_path / 'gradebook.db'}"
+    p = labs(toy_course, "gradebook-push", "--lab", "07", "--gradebook", book, "--db", db)
+    assert p.returncode == 0 and "1 grade(s) of lab 07 recorded" in p.stdout, p.stderr
+    from nbgrader.api import Gradebook
+    with Gradebook(book) as gb:
+        assert gb.find_submission("lab07", "alice").score == pytest.approx(6.5)
 
 
 def test_calibrate_without_a_gpu_says_so_and_prints_the_cpu_ratios(toy_course, tmp_path):

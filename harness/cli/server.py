@@ -17,7 +17,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from .. import calibrate, grading
+from .. import calibrate, gradebook as gradebook_api, grading
 from ..errors import ExitCode, LabsError
 from . import _course
 
@@ -290,3 +290,31 @@ def calibrate_command(ctx, lab_numbers, json_path):
 
 
 COMMANDS.append(calibrate_command)
+
+
+@click.command("gradebook-push")
+@click.option("--lab", "lab_number", required=True)
+@click.option("--gradebook", required=True, help="the nbgrader gradebook URL (sqlite:///gradebook.db)")
+@click.option("--db", default=None, help=DB_HELP)
+@click.pass_context
+def gradebook_push(ctx, lab_number, gradebook, db):
+    """Record each student's newest server grade of a lab in an nbgrader gradebook (the
+    same cells as `labs grade-all --gradebook`)."""
+    from ..server import service
+    course = _course(ctx)
+    lab = course.lab(lab_number)
+    with _sessions(course, db)() as s:
+        rows = service.newest_results(s, lab.number)
+    try:
+        book = gradebook_api.GradebookWriter(gradebook, lab)
+        try:
+            for student, results in rows:
+                book.record(student, results)
+        finally:
+            book.close()
+    except Exception as e:  # noqa: BLE001 - nbgrader's errors: one line, with the gradebook named
+        raise LabsError(f"gradebook {gradebook}: {type(e).__name__}: {e}", code=ExitCode.GRADING_FAILED) from None
+    click.echo(f"{len(rows)} grade(s) of lab {lab.number} recorded in {gradebook}")
+
+
+COMMANDS.append(gradebook_push)
