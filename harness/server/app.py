@@ -13,6 +13,7 @@ from __future__ import annotations
 import base64
 import csv
 import io
+import json
 import math
 import threading
 from contextlib import asynccontextmanager
@@ -24,6 +25,7 @@ from pydantic import BaseModel
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
+from .. import grading
 from ..manifest import Course
 from . import db, pages, service
 from .db import Account, Job, Submission
@@ -48,6 +50,30 @@ class Failure(BaseModel):
 
 class Invalid(BaseModel):
     reason: str
+
+
+class UploadCap:
+    """ASGI middleware capping request bodies before any of them is read (the form and
+    JSON parsers would take a body of any size first, for any client, token or not): a
+    ``POST`` to one of ``paths`` (the uploads) larger than ``limit`` bytes (its
+    Content-Length) is answered 413, one that declares no length 411; any other request
+    declaring more than ``other_limit`` bytes 413."""
+
+    def __init__(self, app, paths: tuple[str, ...], limit: int, other_limit: int = 32 << 20):
+        self.app, self.paths, self.limit, self.other_limit = app, paths, limit, other_limit
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] == "http":
+            upload = scope["method"] == "POST" and scope["path"] in self.paths
+            length = dict(scope["headers"]).get(b"content-length")
+            limit = self.limit if upload else self.other_limit
+            if length is None and upload:
+                return await JSONResponse({"detail": "an upload needs a Content-Length header"}, 411)(
+                    scope, receive, send)
+            if length is not None and (not length.isdigit() or int(length) > limit):
+                return await JSONResponse({"detail": f"request body is {length.decode(errors='replace')[:20]} "
+                                                     f"bytes, the limit is {limit}"}, 413)(scope, receive, send)
+        await self.app(scope, receive, send)
 
 
 def create_app(course: Course, url: str, *, publish: Publish | None = None, reap_every_s: float = 5.0,
@@ -93,6 +119,8 @@ def create_app(course: Course, url: str, *, publish: Publish | None = None, reap
     app = FastAPI(title=f"{course.name}: course server", lifespan=lifespan, docs_url=None, redoc_url=None,
                   openapi_url=None)
     app.state.sessions, app.state.course, app.state.sweep = Sessions, course, sweep
+    app.add_middleware(UploadCap, paths=("/api/submissions", "/api/bridge/submissions"),
+                       limit=(course.submissions.max_kb << 10) + (16 << 10))
 
     @app.exception_handler(Rejected)
     async def _rejected(request: Request, e: Rejected):
@@ -202,6 +230,31 @@ def create_app(course: Course, url: str, *, publish: Publish | None = None, reap
             _publish(s, job_id)
         return {"state": state}
 
+    def bridge(request: Request, s: Session = Depends(session)) -> Account:
+        return service.authenticate(s, token_of(request), ("bridge",))
+
+    @app.post("/api/bridge/submissions", status_code=201)
+    async def bridge_submit(lab: str = Form(...), student: str = Form(""), email: str = Form(""),
+                            file: UploadFile = File(...), _: Account = Depends(bridge), s: Session = Depends(session)):
+        who = service.bridge_student(s, secret, student, email, now=clock())
+        data = await file.read(course.submissions.max_kb * 1024 + 1)
+        got = service.submit(s, course, who, lab, file.filename or "upload", data, clock())
+        if not got.duplicate:
+            _publish(s, got.job.id)
+        return {**service.submission_view(s, course, got.submission, who, clock()), "duplicate": got.duplicate}
+
+    @app.get("/api/bridge/submissions/{sub_id}")
+    def bridge_result(sub_id: str, _: Account = Depends(bridge), s: Session = Depends(session)):
+        """The state and, once graded, the full results.json (Gradescope shows it)."""
+        sub = s.get(Submission, sub_id)
+        if sub is None:
+            raise Rejected(404, f"no submission {sub_id!r}")
+        job = sub.jobs[-1]
+        done = [j for j in sub.jobs if j.result is not None]
+        return {"id": sub.id, "state": job.state, "error": job.error if job.state == "failed" else "",
+                "results": json.loads(done[-1].result.data) if done else None,
+                "gpu_model": done[-1].result.gpu_model if done else None}
+
     @app.get("/api/staff/overview")
     def overview(_: Account = Depends(staff), s: Session = Depends(session)):
         return {"labs": service.overview(s, course, clock()), "runners": service.runner_health(s, clock())}
@@ -226,6 +279,8 @@ def create_app(course: Course, url: str, *, publish: Publish | None = None, reap
     @app.get("/api/leaderboard/{lab}")
     def leaderboard(lab: str, gpu: str | None = None, who: Account = Depends(account),
                     s: Session = Depends(session)):
+        if lab not in course.labs:
+            raise Rejected(404, f"no lab {lab!r}")
         return service.leaderboard(s, lab, gpu, staff=who.role == "staff")
 
     # --- pages -----------------------------------------------------------------------------
@@ -253,7 +308,8 @@ def create_app(course: Course, url: str, *, publish: Publish | None = None, reap
 
     @app.get("/submissions/{sub_id}", response_class=HTMLResponse)
     def submission_page(sub_id: str, who: Account = Depends(account), s: Session = Depends(session)):
-        return pages.submission(course, service.submission_view(s, course, own(s, who, sub_id), who, clock()))
+        return pages.submission(course, service.submission_view(s, course, own(s, who, sub_id), who, clock()),
+                                staff=who.role == "staff")
 
     @app.get("/staff", response_class=HTMLResponse)
     def staff_page(who: Account = Depends(staff), s: Session = Depends(session)):
@@ -295,5 +351,4 @@ def export_csv(s: Session, lab: str) -> str:
 
 
 def _secret(course: Course) -> bytes:
-    from .. import grading
     return grading.course_secret(course) or b"labs-no-secret"

@@ -20,7 +20,7 @@ from sqlalchemy.engine import Engine
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship, sessionmaker
 
 MIGRATIONS = Path(__file__).with_name("migrations")
-ROLES = ("student", "staff", "runner")
+ROLES = ("student", "staff", "runner", "bridge")  # bridge: the Gradescope autograder forwarding a student's upload
 JOB_STATES = ("queued", "running", "done", "failed", "cancelled")  # failed: infrastructure, attempts used up
 QUEUES = ("interactive", "regrade")  # regrades never delay a student's submission
 

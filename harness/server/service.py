@@ -15,23 +15,22 @@ from __future__ import annotations
 
 import hashlib
 import hmac
-import io
 import json
 import math
 import secrets
 import statistics
-import tarfile
 import tempfile
 import time
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 
-from sqlalchemy import func, select, update
+from sqlalchemy import case, func, select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
 from .. import classroom, grading, impl as _impl
+from ..grading import pack_module  # noqa: F401  (service.pack_module: what `labs submit` uploads)
 from ..errors import LabsError
 from ..manifest import Course, Lab
 from .db import QUEUES, ROLES, Account, Bucket, Job, Result, Submission, hash_token
@@ -114,18 +113,34 @@ def authenticate(s: Session, token: str | None, roles: tuple[str, ...] = ROLES) 
     return account
 
 
+def bridge_student(s: Session, secret: bytes, name: str, email: str, *, now: float) -> Account:
+    """The student a Gradescope submission belongs to (the autograder forwards it with
+    the course's bridge token): the roster account with that e-mail, else that name,
+    else a new student account (its token never shown: the student uses Gradescope)."""
+    email, name = (email or "").strip(), (name or "").strip()
+    if not (email or name):
+        raise Rejected(422, "a forwarded submission needs the student's e-mail or name")
+    acc = (s.scalar(select(Account).where(Account.email == email)) if email else None) or \
+        s.scalar(select(Account).where(Account.name == (name or email)))
+    if acc is None:
+        add_account(s, name or email, "student", secret, email=email, now=now)
+        acc = s.scalar(select(Account).where(Account.name == (name or email)))
+    if acc.role != "student":
+        raise Rejected(403, f"{acc.name!r} is not a student account")
+    return acc
+
+
 # --- the intake -----------------------------------------------------------------------
 
-def pack_module(path: Path, lab: Lab) -> bytes:
-    """A gzipped tar holding only ``NN/<module>.py`` read from ``path``: what ``labs
-    submit`` uploads (the course server never sees the rest of a checkout)."""
-    data = grading.read_module(path, path.parent)
-    buf = io.BytesIO()
-    with tarfile.open(fileobj=buf, mode="w:gz") as tar:
-        info = tarfile.TarInfo(f"{lab.number}/{lab.filename}")
-        info.size, info.mode, info.mtime = len(data), 0o644, 0
-        tar.addfile(info, io.BytesIO(data))
-    return buf.getvalue()
+def upload_name(filename: str, lab: Lab) -> str:
+    """The name an upload is stored and unpacked under: the last part of ``filename``, or
+    ``NN<archive suffix>`` when that is too long for a file name or not printable (a
+    crafted name must not fail the intake, or a runner, with an OSError)."""
+    name = Path(filename.replace("\\", "/")).name
+    stem = classroom.archive_stem(name)
+    if stem is not None and (len(name.encode()) > 100 or not name.isprintable()):
+        name = lab.number + name[len(stem):]
+    return name
 
 
 def module_of(data: bytes, filename: str, lab: Lab, max_bytes: int) -> bytes:
@@ -142,7 +157,7 @@ def module_of(data: bytes, filename: str, lab: Lab, max_bytes: int) -> bytes:
             root = classroom.unpack(archive, Path(tmp) / "unpacked", max_bytes)
             return grading.read_module(_impl.locate(root, lab), root)
         except (classroom.UnpackError, _impl.ImplError) as e:
-            raise Rejected(422, f"{filename}: {e}") from None
+            raise Rejected(422, f"{filename}: {str(e).replace(tmp, '<upload>')}") from None
 
 
 def late_days(lab: Lab, course: Course, now: float) -> int:
@@ -212,6 +227,7 @@ def submit(s: Session, course: Course, account: Account, lab_number: str, filena
     if len(data) > cap:
         raise Rejected(413, f"upload is {len(data)} bytes, the limit is {cap} (submissions.max_kb)")
     days = late_days(lab, course, now)
+    filename = upload_name(filename, lab)
     module = module_of(data, filename, lab, max_bytes=8 * cap)
     fp = hashlib.sha256(module).hexdigest()
     same = s.scalars(select(Submission).where(Submission.account_id == account.id, Submission.lab == lab.number,
@@ -225,7 +241,7 @@ def submit(s: Session, course: Course, account: Account, lab_number: str, filena
                                 Job.submission_id.in_(select(Submission.id).where(
                                     Submission.account_id == account.id, Submission.lab == lab.number)))
               .values(state="cancelled", finished_at=now, error="a newer submission replaced it"))
-    sub = Submission(id=secrets.token_hex(16), account_id=account.id, lab=lab.number, filename=Path(filename).name,
+    sub = Submission(id=secrets.token_hex(16), account_id=account.id, lab=lab.number, filename=filename,
                      blob=data, size=len(data), fingerprint=fp, created_at=now, late_days=days)
     job = Job(submission=sub, queue="interactive", state="queued", created_at=now)
     s.add_all([sub, job])
@@ -346,11 +362,20 @@ def fail(s: Session, job_id: int, owner: str, reason: str, now: float) -> str:
 def reap(s: Session, now: float) -> list[int]:
     """Put every running job whose lease expired back in the queue (its runner died or
     hung), counting one infrastructure attempt; returns their ids."""
-    ids = s.scalars(select(Job.id).where(Job.state == "running", Job.lease_expires < now)).all()
+    expired = s.execute(select(Job.id, Job.lease_owner).where(Job.state == "running", Job.lease_expires < now)).all()
     back = []
-    for job_id in ids:
-        job = s.get(Job, job_id)
-        if fail(s, job_id, job.lease_owner, f"the runner {job.lease_owner} stopped renewing its lease", now) == "queued":
+    for job_id, owner in expired:
+        # one conditional UPDATE: a job another reaper took back, or a runner claimed again
+        # since, is left alone (each expiry counts once and is republished once)
+        last = Job.attempts + 1 >= MAX_ATTEMPTS
+        won = s.execute(update(Job).where(Job.id == job_id, Job.state == "running", Job.lease_owner == owner,
+                                          Job.lease_expires < now)
+                        .values(attempts=Job.attempts + 1, error=f"the runner {owner} stopped renewing its lease",
+                                state=case((last, "failed"), else_="queued"),
+                                finished_at=case((last, now), else_=Job.finished_at),
+                                lease_owner=None, lease_expires=None)).rowcount
+        s.commit()
+        if won and s.get(Job, job_id, populate_existing=True).state == "queued":
             back.append(job_id)
     return back
 
@@ -361,9 +386,10 @@ def position(s: Session, job: Job) -> int | None:
     """1 for the next job to be claimed; None when ``job`` is not queued."""
     if job.state != "queued":
         return None
+    earlier = list(QUEUES[:QUEUES.index(job.queue)])  # claim's order: interactive, then regrade
     ahead = s.scalar(select(func.count(Job.id)).where(
         Job.state == "queued",
-        (Job.queue < job.queue) | ((Job.queue == job.queue) & (Job.created_at < job.created_at))
+        Job.queue.in_(earlier) | ((Job.queue == job.queue) & (Job.created_at < job.created_at))
         | ((Job.queue == job.queue) & (Job.created_at == job.created_at) & (Job.id < job.id))))
     return int(ahead) + 1
 
@@ -439,9 +465,13 @@ def leaderboard(s: Session, lab: str, gpu_model: str | None = None, *, staff: bo
         if key not in best or res.perf_ratio < best[key][0].perf_ratio:
             best[key] = (res, sub, acc)
     rows = sorted(best.values(), key=lambda t: (t[0].gpu_model, t[0].perf_ratio, t[0].graded_at))
-    out = [{"rank": i + 1, "name": acc.pseudonym, "student": acc.name if staff else None, "gpu_model": res.gpu_model,
-            "perf_ratio": res.perf_ratio, "score": res.score, "result_id": res.id, "submission": sub.id,
-            "graded_at": res.graded_at, "invalid": None} for i, (res, sub, acc) in enumerate(rows)]
+    ranks: dict[str, int] = {}  # ranked within each GPU model: timings compare only on one model
+    out = []
+    for res, sub, acc in rows:
+        ranks[res.gpu_model] = ranks.get(res.gpu_model, 0) + 1
+        out.append({"rank": ranks[res.gpu_model], "name": acc.pseudonym, "student": acc.name if staff else None,
+                    "gpu_model": res.gpu_model, "perf_ratio": res.perf_ratio, "score": res.score,
+                    "result_id": res.id, "submission": sub.id, "graded_at": res.graded_at, "invalid": None})
     if staff:
         out += [{"rank": None, "name": acc.pseudonym, "student": acc.name, "gpu_model": res.gpu_model,
                  "perf_ratio": res.perf_ratio, "score": res.score, "result_id": res.id, "submission": sub.id,
@@ -455,7 +485,7 @@ def mark_invalid(s: Session, result_id: int, reason: str) -> None:
     if res is None:
         raise Rejected(404, f"no result {result_id}")
     if not reason.strip():
-        raise ValueError("a reason is required to mark a run invalid")
+        raise Rejected(422, "a reason is required to mark a run invalid")
     res.invalid_reason = reason.strip()
     s.commit()
 
@@ -503,3 +533,15 @@ def utc(ts: float | None) -> str:
 
 def clock() -> float:
     return time.time()
+
+
+def newest_results(s: Session, lab: str) -> list[tuple[str, dict]]:
+    """(student, results.json) of each student's newest graded submission of ``lab``, by
+    name: what the CSV export and the nbgrader gradebook push record."""
+    newest: dict[str, dict] = {}
+    q = (select(Result, Submission, Account).join(Submission, Result.submission_id == Submission.id)
+         .join(Account, Submission.account_id == Account.id).where(Submission.lab == lab)
+         .order_by(Submission.created_at, Result.graded_at))
+    for res, _sub, acc in s.execute(q):
+        newest[acc.name] = json.loads(res.data)
+    return sorted(newest.items())
