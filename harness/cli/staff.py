@@ -23,6 +23,7 @@ from .. import classroom, container, gradebook as gradebook_api, gradescope, gra
 from ..errors import ExitCode, LabsError
 from . import _course
 from .server import COMMANDS as SERVER_COMMANDS
+from .runner import COMMANDS as RUNNER_COMMANDS
 
 
 # --- labs grade-all ---------------------------------------------------------------
@@ -409,4 +410,5 @@ def new_command(ctx, number, module, title):
                f"`labs grade solutions --lab {number}` (full marks) and `labs grade labs --lab {number}` (0)")
 
 
-COMMANDS = [grade_all_command, nbgrader_group, gradescope_group, image, new_command, release_command, *SERVER_COMMANDS]
+COMMANDS = [grade_all_command, nbgrader_group, gradescope_group, image, new_command, release_command, *SERVER_COMMANDS,
+            *RUNNER_COMMANDS]

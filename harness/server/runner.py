@@ -20,6 +20,7 @@ import shutil
 import signal
 import socket
 import subprocess
+import sys
 import tempfile
 import threading
 import time
@@ -28,7 +29,7 @@ from typing import Callable
 
 import torch
 
-from .. import classroom, manifest
+from .. import classroom, grading, manifest
 from ..errors import LabsError
 from ..manifest import Course
 from . import db, service
@@ -169,7 +170,12 @@ class Dispatcher:
 
     def run(self) -> None:
         while not self.stop.is_set():
-            if not self.once():
+            try:
+                busy = self.once()
+            except Exception as e:  # noqa: BLE001 - a database hiccup must not end the slot: try again
+                print(f"labs: dispatcher {self.owner}: {type(e).__name__}: {e}", file=sys.stderr, flush=True)
+                busy = False
+            if not busy:
                 self.stop.wait(self.poll_s)
 
 
@@ -197,7 +203,9 @@ def start_dispatchers(url: str, course_root: Path, spec: str, *, lease_s: float 
                "--owner", f"{socket.gethostname()}-{os.getpid()}-{name}", "--lease", str(lease_s)]
         if sandbox:
             cmd += ["--sandbox", sandbox]
-        procs.append(subprocess.Popen(cmd, env={**os.environ, **env}))
+        # PR_SET_PDEATHSIG between fork and exec: the dispatcher dies with the thread starting it (call this
+        # from the server's main thread), even before its main() runs
+        procs.append(subprocess.Popen(cmd, env={**os.environ, **env}, preexec_fn=grading._die_with_parent))
     return procs
 
 
@@ -209,8 +217,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--lease", type=float, default=service.LEASE_S)
     p.add_argument("--sandbox", default=None)
     a = p.parse_args(argv)
+    grading._die_with_parent()  # a killed `labs serve` leaves no dispatcher grading on (start_dispatchers
+    # also sets it between fork and exec, so a server killed while this one still imports leaves none either)
     d = Dispatcher(a.db, manifest.load(a.course), a.owner, lease_s=a.lease, sandbox=a.sandbox)
     signal.signal(signal.SIGTERM, lambda *_: d.stop.set())
+    signal.signal(signal.SIGINT, lambda *_: d.stop.set())  # Ctrl-C reaches the server's group: finish the job
     d.run()
     return 0
 
