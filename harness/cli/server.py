@@ -7,6 +7,7 @@ is ``--db URL`` (or ``LABS_DB``), by default SQLite in the course's ``.labs-staf
 from __future__ import annotations
 
 import csv
+import json
 import os
 import signal
 import time
@@ -248,8 +249,6 @@ def leaderboard_verify(ctx, lab_number, top, db):
     click.echo(f"{len(rows)} top run(s) of lab {lab.number} queued for verification")
 
 
-COMMANDS = [serve_command, roster_group, account_group, regrade_command, grant_command, leaderboard_group]
-
 
 @click.command("calibrate")
 @click.option("--lab", "lab_numbers", multiple=True, required=True, help="lab number (repeatable)")
@@ -289,8 +288,6 @@ def calibrate_command(ctx, lab_numbers, json_path):
         click.echo(f"figures in {json_path}")
 
 
-COMMANDS.append(calibrate_command)
-
 
 @click.command("gradebook-push")
 @click.option("--lab", "lab_number", required=True)
@@ -304,7 +301,7 @@ def gradebook_push(ctx, lab_number, gradebook, db):
     course = _course(ctx)
     lab = course.lab(lab_number)
     with _sessions(course, db)() as s:
-        rows = service.newest_results(s, lab.number)
+        rows = [(name, json.loads(res.data)) for name, res, _sub in service.newest_results(s, lab.number)]
     try:
         book = gradebook_api.GradebookWriter(gradebook, lab)
         try:
@@ -317,4 +314,6 @@ def gradebook_push(ctx, lab_number, gradebook, db):
     click.echo(f"{len(rows)} grade(s) of lab {lab.number} recorded in {gradebook}")
 
 
-COMMANDS.append(gradebook_push)
+
+COMMANDS = [serve_command, roster_group, account_group, regrade_command, grant_command, leaderboard_group,
+            calibrate_command, gradebook_push]

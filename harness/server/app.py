@@ -334,17 +334,10 @@ def create_app(course: Course, url: str, *, publish: Publish | None = None, reap
 
 def export_csv(s: Session, lab: str) -> str:
     """Staff export: one row per student, the newest graded result of ``lab``."""
-    latest: dict[str, tuple] = {}
-    q = (select(db.Result, Submission, Account).join(Submission, db.Result.submission_id == Submission.id)
-         .join(Account, Submission.account_id == Account.id).where(Submission.lab == lab)
-         .order_by(Submission.created_at, db.Result.graded_at))
-    for res, sub, acc in s.execute(q):
-        latest[acc.name] = (res, sub)
     out = io.StringIO()
     w = csv.writer(out)
     w.writerow(["student", "lab", "score", "max", "max_runnable", "status", "late_days", "submission", "graded_at"])
-    for name in sorted(latest):
-        res, sub = latest[name]
+    for name, res, sub in service.newest_results(s, lab):
         w.writerow([name, lab, res.score, res.max_score, res.max_runnable, res.status, sub.late_days, sub.id,
                     service.utc(res.graded_at)])
     return out.getvalue()

@@ -535,13 +535,13 @@ def clock() -> float:
     return time.time()
 
 
-def newest_results(s: Session, lab: str) -> list[tuple[str, dict]]:
-    """(student, results.json) of each student's newest graded submission of ``lab``, by
-    name: what the CSV export and the nbgrader gradebook push record."""
-    newest: dict[str, dict] = {}
+def newest_results(s: Session, lab: str) -> list[tuple[str, Result, Submission]]:
+    """(student, result, submission) of each student's newest graded submission of
+    ``lab``, sorted by name: what the CSV export and the nbgrader gradebook push record."""
+    newest: dict[str, tuple[Result, Submission]] = {}
     q = (select(Result, Submission, Account).join(Submission, Result.submission_id == Submission.id)
          .join(Account, Submission.account_id == Account.id).where(Submission.lab == lab)
          .order_by(Submission.created_at, Result.graded_at))
-    for res, _sub, acc in s.execute(q):
-        newest[acc.name] = json.loads(res.data)
-    return sorted(newest.items())
+    for res, sub, acc in s.execute(q):
+        newest[acc.name] = (res, sub)
+    return [(name, *newest[name]) for name in sorted(newest)]
