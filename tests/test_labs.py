@@ -50,8 +50,12 @@ def test_each_lab_has_at_least_six_mutants(number):
 
 @pytest.mark.parametrize("number, mutant", MUTANTS)
 def test_mutant_fails_a_grader_test(number, mutant, tmp_path):
+    """The mutant fails the graders (at its ``SELECT``ed tests), and the first failing test's
+    message names its bug class: ``MESSAGE``, a fragment the message must contain."""
     doc = ast.get_docstring(ast.parse(mutant.read_text()))
     assert doc, f"{mutant.name}: say what the bug is in a docstring"
+    message = _assigned(mutant, "MESSAGE", None)
+    assert message, f"{mutant.name}: MESSAGE = '...' names the bug class the first failing message must say"
     impl = materialize_mutant(mutant, COURSE.lab(number), tmp_path)
     # SELECT (a pytest -k expression, optional): the grader test(s) that kill the mutant, so
     # CI does not first run every test before them; a selection that keeps no test exits 5
@@ -60,6 +64,8 @@ def test_mutant_fails_a_grader_test(number, mutant, tmp_path):
                    *(["-k", select] if select else []))
     assert p.returncode == 1, f"mutant {mutant.name} survived the graders{f' -k {select!r}' if select else ''} " \
         f"(exit {p.returncode}):\n{p.stdout[-2000:]}"
+    assert message in p.stdout, f"mutant {mutant.name}: the failing test's message does not say {message!r}:\n" \
+        f"{p.stdout[-3000:]}"
 
 
 def _assigned(path, name, default):
