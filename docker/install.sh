@@ -39,13 +39,14 @@ chown -R root:root /opt/venv /opt/course
 chmod -R u=rwX,go=rX /opt/venv /opt/course
 chmod -R go= /opt/course/graders
 # grader-side harness modules (oracles, testing, grading, front ends): root only. The worker
-# imports a staged copy of the allow-listed rest (harness/sandbox/isolation.py, HARNESS_FILES).
+# imports a staged copy of the worker side (harness/sandbox/isolation.py, worker_files()).
 /opt/venv/bin/python - <<'PY'
 import os, harness
-from harness.sandbox.isolation import HARNESS_FILES
+from harness.sandbox.isolation import worker_files
 top = os.path.dirname(harness.__file__)
+keep = set(worker_files())
 for root, _, files in os.walk(top):
     for f in files:
-        if os.path.relpath(os.path.join(root, f), top) not in HARNESS_FILES:
+        if os.path.relpath(os.path.join(root, f), top) not in keep:
             os.chmod(os.path.join(root, f), 0o600)
 PY

@@ -17,18 +17,18 @@ the time spent waiting for a core, which swings tenfold between runs, while CPU 
 stays within tens of percent. The thread's clock, not the process's: a process with
 ``RLIMIT_CPU`` (the sandbox's worker) reads its process clock at scheduler-tick
 granularity (4 ms). Timed CPU code runs with one intra-op thread
-(``harness.sandbox.timed``'s default), so all of torch's work happens in this
+(``harness.sandbox.timing.timed``'s default), so all of torch's work happens in this
 thread; work a submission moves to threads of its own is missed here but not in the
 worker's CPU time read from /proc, which the trusted side cross-checks. CPU
 thresholds are set with the remaining noise in mind (``labs.yaml``, ``*_cpu``).
 
 :func:`run_interleaved` is the one timing loop. It runs wherever the timed code
-lives: in the sandboxed worker for a submission (``harness.sandbox.probes``'s
+lives: in the sandboxed worker for a submission (``harness.sandbox.probes.timing``'s
 ``timed`` probe, which imports this module before any submission is imported, so
 the clocks below are bound before student code runs), or in-process.
 :func:`time_interleaved` is the same loop for callables and checks living in the
 caller's process (multi-rank bodies, the trusted side's own baselines). Graders
-time student code through ``harness.sandbox.timed``.
+time student code through ``harness.sandbox.timing.timed``.
 """
 from __future__ import annotations
 
@@ -194,7 +194,7 @@ def time_interleaved(
     (slots ``>= pool`` are used for warm-up only); ``check(name, out, args)``
     raises if a timed output is wrong. Returns a ``Timing`` per candidate.
     Raises ValueError for ``warmup < 3`` or ``repeats < 10``. For student code use
-    ``harness.sandbox.timed`` (it runs this loop next to the code)."""
+    ``harness.sandbox.timing.timed`` (it runs this loop next to the code)."""
     if warmup < WARMUP_MIN or repeats < REPEATS_MIN:
         raise ValueError(f"need warmup >= {WARMUP_MIN} and repeats >= {REPEATS_MIN}, got {warmup}, {repeats}")
     inputs = [make_inputs(i) for i in range(pool)]

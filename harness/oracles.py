@@ -46,7 +46,7 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, is_causal: bool
 
 
 def train_net(params: dict, spec: dict, x: torch.Tensor, skip=()) -> torch.Tensor:
-    """``TrainNet(spec)`` (``harness.sandbox.probes``) in float64, functionally: ``params``
+    """``TrainNet(spec)`` (``harness.sandbox.probes.training``) in float64, functionally: ``params``
     maps ``layers.<name>.weight`` / ``.bias`` / ``scale`` to tensors (autograd leaves to
     differentiate); the layers named in ``skip`` are left out; tanh between layers; a spec
     with no layers is ``tanh`` (a stage without parameters). Input ``(..., in)``, output

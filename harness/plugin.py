@@ -26,7 +26,7 @@ then fails with "grading failed" instead of scoring).
 
 ``--sandbox none`` (default) imports the implementation here, for readable local
 runs; ``--sandbox worker`` (``labs grade``) makes ``impl`` a proxy to a separate,
-unprivileged worker process (``harness.sandbox``, ``harness.worker``).
+unprivileged worker process (``harness.sandbox.worker``).
 """
 from __future__ import annotations
 
@@ -112,11 +112,11 @@ class _LabsState:
 
     def remote_module(self, lab):
         """``--sandbox worker``: a proxy to the module imported in a worker process
-        (harness.sandbox); the submission never runs in this process.
+        (harness.sandbox.worker); the submission never runs in this process.
 
         A sandbox that cannot start raises InfraFailure, for this test and (at once)
         for every later one of the lab; the submission's own failures raise ImplError."""
-        from . import sandbox as _sandbox
+        from .sandbox import worker as _sandbox
         if lab.number not in self._sandboxes:
             try:
                 path = self.module_file(lab)
@@ -142,7 +142,7 @@ class _LabsState:
         return _sandbox.RemoteModule(sb, sb.module_path, "labimpl_" + lab.module)
 
     def _worker_config(self, lab, path: Path):
-        from . import sandbox as _sandbox
+        from .sandbox import worker as _sandbox
         root = self.course.root
         stub = root / "labs" / lab.number / lab.filename
         harness_dir = Path(__file__).resolve().parent
@@ -161,8 +161,8 @@ class _LabsState:
             call_timeout_s=timeout)
 
     def close(self):
-        from . import distributed
-        distributed.shutdown()  # the ranks of multi-rank labs
+        from .sandbox import ranks
+        ranks.shutdown()  # the ranks of multi-rank labs
         for sb in self._sandboxes.values():
             if not isinstance(sb, Exception):
                 sb.close()
@@ -473,8 +473,8 @@ def pytest_runtest_makereport(item, call):
     raised by the trusted client only: a worker can send back builtin exceptions only)
     is recorded as an infrastructure failure of that test."""
     report = (yield).get_result()
-    client = sys.modules.get(f"{__package__}.sandbox.client")  # not imported: no sandbox ran
-    if client is not None and call.excinfo is not None and isinstance(call.excinfo.value, client.SandboxStartError):
+    worker = sys.modules.get(f"{__package__}.sandbox.worker")  # not imported: no sandbox ran
+    if worker is not None and call.excinfo is not None and isinstance(call.excinfo.value, worker.SandboxStartError):
         report.user_properties.append(("labs_infra", str(call.excinfo.value)[:4000]))
     if call.when == "call" and report.passed and item.get_closest_marker("perf") is not None:
         _unrecorded_perf(item, report)

@@ -12,7 +12,7 @@ from typing import Iterable, Sequence
 import pytest
 import torch
 
-from .sandbox import measure
+from .sandbox.calls import measure
 
 DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16, "fp64": torch.float64}
 
@@ -159,7 +159,7 @@ def expect_raises(exc, case: str, fn, /, *args, **kwargs) -> BaseException:
 
 def measure_checked(fn, *args, oracle, atol: float = 0.0, rtol: float = 0.0, what: str = "output",
                     case: str = "", prop: str = "the measured property", **kwargs):
-    """``harness.sandbox.measure(fn, *args, **kwargs)`` whose output is :func:`checked`
+    """``harness.sandbox.calls.measure(fn, *args, **kwargs)`` whose output is :func:`checked`
     against ``oracle`` before the caller reads the Measurement. Returns ``(out,
     Measurement)``; raises the value error first. ``kwargs`` go to ``measure`` (its
     options, then ``fn``'s keyword arguments); ``oracle``, ``atol``, ``rtol``, ``what``,
@@ -180,7 +180,7 @@ START_SLACK_BYTES = 96 * MiB  # torch's lazy set-up, the submission's import, th
 
 
 def assert_memory(m, *, peak_bytes: int, largest_numel: int, what: str, case: str = "", hint: str = "") -> None:
-    """Grade one measured call's memory (``m``: a ``harness.sandbox.Measurement``).
+    """Grade one measured call's memory (``m``: a ``harness.sandbox.calls.Measurement``).
 
     Under the sandbox the grade follows the outside figure: the worker's peak resident
     memory during the call minus its resident memory just before (``m.peak_growth_bytes``,
@@ -238,7 +238,7 @@ def imported_names(source: str) -> set[str]:
 
 def assert_storage_unchanged(before: list, after: list, bug: str, case: str) -> None:
     """The storage bytes ``after`` a refused call equal those ``before`` (lists of uint8 tensors,
-    one per storage, as ``harness.sandbox.held_bytes`` reads them). Raises AssertionError
+    one per storage, as ``harness.sandbox.calls.held_bytes`` reads them). Raises AssertionError
     naming ``bug``, ``case`` and the storages that changed."""
     changed = [f"storage {i}: {int((a != b).sum())} of {a.numel()} bytes changed"
                for i, (a, b) in enumerate(zip(before, after)) if not torch.equal(a, b)]

@@ -5,20 +5,20 @@
 (``tests/test_architecture.py`` refuses any other ``harness`` import there). A name
 a grader needs is added here first, with its group below; the modules behind it
 can then move without touching a grader. Like the modules it re-exports, it is
-grader-side: the sandboxed worker never sees it (not in ``HARNESS_FILES``).
+grader-side: the sandboxed worker never sees it (not in ``isolation.worker_files()``).
 
 Checks and inputs (``harness.testing``)
   ``DTYPES``, ``MiB``, ``devices``, ``tolerance``, ``randn``, ``call_id``,
   ``assert_close``, ``assert_memory``, ``checked``, ``measure_checked``,
   ``expect_raises``
 
-Sandbox calls and probes (``harness.sandbox``; student code runs only in the worker)
+Sandbox calls and probes (``harness.sandbox.calls``, ``.timing``; student code runs only in the worker)
   ``measure``, ``timed``, ``restart``, ``source``, ``is_instance``, ``is_remote``,
   ``vjp``, ``gradcheck``, ``param_grads``, ``saved_tensors``, ``call_views``,
   ``fill_held``, ``held_bytes``, ``held_storages``, ``watch_storages``,
   ``resident_bytes``, ``SandboxError``
 
-Recomputation and loss scaling (``harness.sandbox``; trusted modules built next to the code)
+Recomputation and loss scaling (``harness.sandbox.calls``; trusted modules built next to the code)
   ``build_recompute`` (trusted ``RecomputeNet`` s in the worker), ``recompute`` (one watched
   forward and backward: saved storages, kept tensors, calls by phase, RNG), ``drive_scaler``
   (a loss scaler through scripted gradients), ``train_steps`` (training steps of a trusted
@@ -27,8 +27,8 @@ Recomputation and loss scaling (``harness.sandbox``; trusted modules built next 
 Oracles, in float64 (``harness.oracles``)
   ``attention``, ``causal_mask``, ``train_net`` (``TrainNet`` in float64)
 
-Ranks of the multi-rank labs (``harness.distributed``)
-  ``run_ranks`` (``harness.distributed.run``: ``body(rk, ...)`` on W sandboxed
+Ranks of the multi-rank labs (``harness.sandbox.ranks``)
+  ``run_ranks`` (``harness.sandbox.ranks.run``: ``body(rk, ...)`` on W sandboxed
   ranks), ``View`` (a view sent with its base), ``DATA_COLLECTIVES`` (the
   collectives a ring implementation may not call), ``C10D_OPS`` (dispatcher op to
   collective name), ``RankError``, ``RankTimeout``, ``Step`` (what ``rk.backward``
@@ -41,15 +41,17 @@ from __future__ import annotations
 
 from .alloc import AllocationTracker
 from .bench import attention_flops, geomean
-from .distributed import DATA_COLLECTIVES, RankError, RankTimeout, Step, View
-from .distributed import run as run_ranks
 from .oracles import attention, causal_mask, train_net
-from .sandbox import (SandboxError, call_views, fill_held, gradcheck, held_bytes, held_storages, is_instance,
-                      is_remote, measure, param_grads, resident_bytes, restart, saved_tensors, source, timed, vjp,
-                      watch_storages)
-from .sandbox.probes import C10D_OPS, TrainNet
-from .sandbox import build_recompute, drive_scaler, recompute, train_steps
-from .sandbox.probes import GradScalerAdapter, RecomputeNet
+from .sandbox.calls import (build_recompute, call_views, drive_scaler, fill_held, gradcheck, held_bytes,
+                            held_storages, is_instance, measure, param_grads, recompute, reachable_bytes,
+                            resident_bytes, restart, saved_tensors, source, train_steps, vjp, watch_storages)
+from .sandbox.probes.comm import C10D_OPS
+from .sandbox.probes.recompute import GradScalerAdapter, RecomputeNet
+from .sandbox.probes.training import TrainNet
+from .sandbox.ranks import DATA_COLLECTIVES, RankError, RankTimeout, Step, View
+from .sandbox.ranks import run as run_ranks
+from .sandbox.timing import timed
+from .sandbox.worker import SandboxError, is_remote
 from .testing import (DTYPES, MiB, assert_close, assert_memory, assert_storage_unchanged, call_id, checked, devices,
                       expect_raises, imported_names, measure_checked, randn, tolerance)
 

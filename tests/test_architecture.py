@@ -12,8 +12,7 @@ from .conftest import ROOT
 LAZY = {
     # the pytest11 entry point loads in every pytest run of the environment: it imports
     # the sandbox (torch), the ranks and the progress store only when a lab is tested
-    ("harness/plugin.py", "sandbox"),
-    ("harness/plugin.py", "distributed"), ("harness/plugin.py", "progress"),
+    ("harness/plugin.py", "sandbox"), ("harness/plugin.py", "progress"),
     # the staff CLI loads the course server (FastAPI, SQLAlchemy, Celery: +0.5 s) only for
     # its own commands, not for every `labs` call
     ("harness/cli/server.py", "server"), ("harness/cli/runner.py", "server"),

@@ -1,4 +1,4 @@
-"""Unit tests of harness.distributed: ranks inside the sandbox, results, errors, deadlocks,
+"""Unit tests of harness.sandbox.ranks: ranks inside the sandbox, results, errors, deadlocks,
 the communication counter. The toy implementation below plays a submission."""
 import os
 import time
@@ -6,8 +6,9 @@ import time
 import pytest
 import torch
 
-from harness import distributed as hd
+from harness.sandbox import ranks as hd
 from harness import impl as _impl
+from harness.sandbox import outside
 
 TOY = '''
 import os, time
@@ -129,7 +130,7 @@ def test_counter_counts_p2p_and_collectives(toy):
 
 
 def test_tcp_retransmits_read_from_proc():
-    assert isinstance(hd.tcp_retransmits(os.getpid()), int) and hd.tcp_retransmits(0) is None
+    assert isinstance(outside.tcp_retransmits(os.getpid()), int) and outside.tcp_retransmits(0) is None
 
 
 def test_a_forbidden_collective_fails_the_call_even_when_swallowed(toy):

@@ -80,7 +80,7 @@ def test_results_record_infra_only_for_the_trusted_start_error(toy_course):
     """A SandboxStartError raised mid-test (a worker that cannot restart) is recorded as
     ``infra``; a builtin ImportError (which a worker can send back) is not."""
     (toy_course / "graders/07/test_restart.py").write_text(
-        "import pytest\nfrom harness.sandbox import SandboxStartError\n\n"
+        "import pytest\nfrom harness.sandbox.worker import SandboxStartError\n\n"
         "@pytest.mark.part('A')\ndef test_restart(impl):\n"
         "    raise SandboxStartError('the sandbox could not start again')\n\n"
         "@pytest.mark.part('A')\ndef test_student_import_error(impl):\n"

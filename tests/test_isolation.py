@@ -17,8 +17,8 @@ from pathlib import Path
 import pytest
 
 from harness import classroom, grading, impl as _impl
-from harness import sandbox
 from harness.sandbox import isolation
+from harness.sandbox import worker as sandbox
 
 from .conftest import ROOT, course
 
@@ -135,7 +135,8 @@ def test_the_worker_facing_harness_is_importable(toy):
 
 def test_grader_side_modules_cannot_be_imported(toy):
     need_namespaces()
-    for name in ("harness.oracles", "harness.testing", "harness.toolkit", "harness.grading", "harness.cli", "harness.plugin"):
+    for name in ("harness.oracles", "harness.testing", "harness.toolkit", "harness.grading", "harness.cli", "harness.plugin",
+                 "harness.sandbox.worker", "harness.sandbox.calls", "harness.sandbox.ranks"):
         assert not toy.importable(name), f"the worker imports {name}"
 
 

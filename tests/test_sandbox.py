@@ -9,9 +9,11 @@ import textwrap
 import pytest
 import torch
 
-from harness import sandbox
-from harness.sandbox import (RemoteObject, SandboxError, WireError, WorkerCrashed, WorkerTimeout, dumps, loads,
-                             measure, vjp)
+from harness.sandbox import calls, isolation, wire
+from harness.sandbox import worker as sandbox
+from harness.sandbox.calls import gradcheck, is_instance, measure, resident_bytes, restart, vjp
+from harness.sandbox.wire import WireError, dumps, loads
+from harness.sandbox.worker import RemoteObject, SandboxError, WorkerCrashed, WorkerTimeout
 
 TOY = textwrap.dedent('''
     import os, socket, time
@@ -138,9 +140,9 @@ def test_plain_values_round_trip():
 
 
 def test_objects_without_a_wire_form_are_refused():
-    with pytest.raises(sandbox.NotTransferable):
+    with pytest.raises(wire.NotTransferable):
         dumps(lambda: 0)
-    with pytest.raises(sandbox.NotTransferable):
+    with pytest.raises(wire.NotTransferable):
         dumps(torch.randn(2).as_subclass(type("Sub", (torch.Tensor,), {})))
 
 
@@ -152,7 +154,7 @@ def test_objects_without_a_wire_form_are_refused():
 ])
 def test_malformed_frames_raise_wire_error(header):
     with pytest.raises(WireError):
-        sandbox.decode(header, [b"\0" * 8], lambda t: None)
+        wire.decode(header, [b"\0" * 8], lambda t: None)
 
 
 # --- a worker on a toy module ------------------------------------------------------------------
@@ -204,7 +206,7 @@ def test_tensor_subclasses_come_back_as_handles(impl):
 
 def test_objects_are_handles_with_methods_attributes_and_state(impl):
     m = impl.Counter(4)
-    assert sandbox.is_instance(m, torch.nn.Module) and sandbox.is_instance(m.lin, torch.nn.Linear)
+    assert is_instance(m, torch.nn.Module) and is_instance(m.lin, torch.nn.Linear)
     x = torch.randn(2, 4)
     sd = m.state_dict()
     want = x @ sd["lin.weight"].T + sd["lin.bias"]
@@ -229,14 +231,14 @@ def test_environment_is_scrubbed_and_user_dropped(impl, monkeypatch):
 
 
 def test_hidden_paths_and_network_are_out_of_reach(impl, toy):
-    if not sandbox.isolation.isolation_prefix() and os.geteuid() != 0:
+    if not isolation.isolation_prefix() and os.geteuid() != 0:
         pytest.skip("no namespaces and no other user on this host")
     assert not impl.can_read(str(toy.hidden / "secret.txt"))
     listener = socket.socket()
     listener.bind(("127.0.0.1", 0))
     listener.listen(1)
     try:
-        if sandbox.isolation.isolation_prefix():
+        if isolation.isolation_prefix():
             assert not impl.connect(listener.getsockname()[1])
     finally:
         listener.close()
@@ -271,7 +273,7 @@ def test_measure_and_vjp_work_remotely(impl):
     x = torch.randn(5, requires_grad=True)
     out, (g,) = vjp(impl.square, (x,), torch.ones(5))
     assert torch.allclose(g, 2 * x.detach()) and x.grad is None
-    assert sandbox.gradcheck(impl.square, (torch.randn(4, dtype=torch.float64),))
+    assert gradcheck(impl.square, (torch.randn(4, dtype=torch.float64),))
 
 
 def test_memory_is_read_from_outside_whatever_the_code_hides(impl):
@@ -285,15 +287,15 @@ def test_memory_is_read_from_outside_whatever_the_code_hides(impl):
 
 
 def test_resident_bytes_counts_state_kept_anywhere(impl):
-    before = sandbox.resident_bytes(impl)
+    before = resident_bytes(impl)
     impl.keep(16 << 20)  # 64 MiB in a module-level dict: no object holds it
-    assert sandbox.resident_bytes(impl) - before >= 60 << 20
+    assert resident_bytes(impl) - before >= 60 << 20
 
 
 def test_restart_drops_a_memo(impl):
     assert torch.equal(impl.memo(torch.zeros(2)), torch.ones(2))
     assert torch.equal(impl.memo(torch.ones(2)), torch.ones(2))  # memoised
-    sandbox.restart(impl)
+    restart(impl)
     assert torch.equal(impl.memo(torch.ones(2)), torch.full((2,), 2.0))
 
 
@@ -341,5 +343,5 @@ def test_helpers_work_in_process():
     assert torch.allclose(g, 2 * x.detach()) and x.grad is None
     out, m = measure(sq, torch.randn(100))
     assert m.max_numel == 100 and "mul" in m.ops
-    assert sandbox.gradcheck(sq, (torch.randn(3, dtype=torch.float64),))
-    assert not sandbox.gradcheck(lambda x: (x * x).detach() + x, (torch.randn(3, dtype=torch.float64),))
+    assert gradcheck(sq, (torch.randn(3, dtype=torch.float64),))
+    assert not gradcheck(lambda x: (x * x).detach() + x, (torch.randn(3, dtype=torch.float64),))

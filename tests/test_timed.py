@@ -8,8 +8,9 @@ import time
 import pytest
 import torch
 
-from harness import bench, sandbox
-from harness.sandbox import timed
+from harness import bench
+from harness.sandbox import worker as sandbox
+from harness.sandbox.timing import timed
 
 SDPA = "torch.nn.functional.scaled_dot_product_attention"
 FORBID = [SDPA, "torch._C._nn.scaled_dot_product_attention"]
@@ -59,14 +60,15 @@ HONEST = textwrap.dedent('''
 LIAR = HONEST + textwrap.dedent('''
     import time
     import harness.bench
-    import harness.sandbox.probes
+    import harness.sandbox.probes.common, harness.sandbox.probes.measure, harness.sandbox.probes.timing
     _fake = [0.0]
 
     def _clock():
         _fake[0] += 1e-9
         return _fake[0]
 
-    for _m in (time, harness.bench, harness.sandbox.probes):
+    for _m in (time, harness.bench, harness.sandbox.probes.common, harness.sandbox.probes.measure,
+               harness.sandbox.probes.timing):
         for _name in ("perf_counter", "_perf_counter", "thread_time", "_thread_time", "process_time", "monotonic",
                       "_monotonic"):
             if hasattr(_m, _name):

@@ -1,27 +1,25 @@
 """The trust boundary: every line of student code runs in a sandboxed worker.
 
-Layers, each a module (dependencies point down):
+One module per story (dependencies point down); this package re-exports nothing, so the
+worker's staged copy of the harness (``isolation.stage_harness``: what the worker side
+imports, found from ``server``'s imports) never carries the trusted side.
 
-* ``wire``      the wire format: values only (JSON header + raw tensor bytes), never pickle;
-* ``isolation`` namespaces, hidden paths, limits, another user, the private loopback;
-* ``probes``    every measurement of student code, written once, run where the code lives;
-* ``server``    the untrusted side: a launcher and its W request loops (imports the submission);
-* ``client``    the trusted side: workers, proxies, and the probe calls graders use.
+The worker side (untrusted process, staged):
 
-Graders import the names below (``from harness.sandbox import measure``); multi-rank
-labs use ``harness.distributed``, which drives W servers of one worker.
+* ``server``     the launcher and its W request loops (imports the submission);
+* ``probes/``    every measurement of student code, written once, one module per family,
+  run where the code lives; ``probes.PROBES`` is the registry;
+* ``isolation``  namespaces, the allow-list root, limits, another user (both sides);
+* ``wire``       the wire format: values only (JSON header + raw tensor bytes), never pickle;
+* ``triton_launches`` counting Triton kernel launches.
+
+The trusted side (the grader's process):
+
+* ``worker``     start a worker, send requests, the proxies (``RemoteModule``, ``RemoteObject``);
+* ``outside``    figures about the worker read from outside it (memory, CPU time, bytes on the wire);
+* ``calls``      probe calls graders make (``measure``, ``vjp``, ``held_storages``, ...);
+* ``timing``     ``timed``: candidate and baseline interleaved, cross-checked from outside;
+* ``ranks``      multi-rank labs: W ranks as W request loops of one worker.
+
+Graders reach these through ``harness.toolkit`` only.
 """
-from .client import (VJP, Budget, Measurement, RemoteModule, RemoteObject, Sandbox, SandboxError,
-                     SandboxStartError, Timed, Worker, WorkerConfig, WorkerCrashed, WorkerTimeout, call_views,
-                     fill_held, gradcheck, held_bytes, held_storages, is_instance, is_remote, measure,
-                     measurement_from, param_grads, reachable_bytes, resident_bytes, restart, run_probe, saved_tensors, source, timed, vjp,
-                     watch_storages)
-from .client import build_recompute, drive_scaler, recompute, train_steps
-from .wire import NotTransferable, View, WireError, decode, dumps, encode, loads
-
-__all__ = ["VJP", "Budget", "Measurement", "NotTransferable", "RemoteModule", "RemoteObject", "Sandbox",
-           "SandboxError", "SandboxStartError", "View", "WireError", "Worker", "WorkerConfig", "WorkerCrashed",
-           "WorkerTimeout", "call_views", "decode", "dumps", "encode", "fill_held", "gradcheck", "held_bytes",
-           "held_storages", "is_instance", "is_remote", "loads", "measure", "measurement_from", "param_grads",
-           "reachable_bytes", "resident_bytes", "restart", "run_probe", "saved_tensors", "source", "Timed", "timed", "vjp", "watch_storages",
-           "build_recompute", "recompute", "drive_scaler", "train_steps"]

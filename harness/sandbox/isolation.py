@@ -9,8 +9,9 @@ Two halves. The trusted side decides how the worker starts:
   ``RLIMIT_NPROC`` and :func:`kill_all_of_uid` touch this grading's workers only;
 * :func:`scrubbed_env`: a fixed environment (never the seed or ``LABS_*``);
 * :func:`stage_harness`: copies the worker-facing harness modules
-  (``HARNESS_FILES``) into the worker's directory, the only harness the worker
-  imports (never ``oracles``, ``testing``, ``grading`` or a front end);
+  (:func:`worker_files`, found from what ``server`` imports) into the worker's
+  directory, the only harness the worker imports (never the trusted side of the
+  sandbox, ``oracles``, ``testing``, ``grading`` or a front end);
 * :func:`package_dirs`: the package directories the worker needs.
 
 The worker side, :func:`isolate`, runs in ``harness.sandbox.server`` before the
@@ -40,6 +41,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import functools
 import glob
 import os
 import platform
@@ -128,22 +130,61 @@ def scrubbed_env(home: str) -> dict:
     return env
 
 
-# The harness modules a worker imports (``harness.sandbox.server`` and what it, the probes
-# and ``harness.impl`` import), relative to the ``harness`` package. Nothing else of the
-# harness reaches the worker: not the graders' oracles or helpers, grading, or a front end.
-# Lab stubs import no harness module (``labs/*/*.py`` other than the visible tests).
-HARNESS_FILES = ("__init__.py", "alloc.py", "bench.py", "errors.py", "impl.py", "manifest.py",
-                 "sandbox/__init__.py", "sandbox/client.py", "sandbox/isolation.py", "sandbox/probes.py",
-                 "sandbox/server.py", "sandbox/triton_launches.py", "sandbox/wire.py")
+@functools.lru_cache(maxsize=None)
+def worker_files(entry: str = "sandbox/server.py") -> tuple[str, ...]:
+    """The harness files the worker side imports, relative to the ``harness`` package: ``entry``
+    and every harness module it imports, transitively (module-level and function-level
+    imports, absolute or relative), with the ``__init__.py`` of each package above them; a
+    package imported as such brings every module in it (``probes`` finds its families by
+    discovery). Nothing else of the harness reaches the worker: not the trusted side of the
+    sandbox, the graders' oracles or helpers, grading, or a front end."""
+    import ast
+    root = Path(__file__).resolve().parent.parent
+
+    def module_file(dotted: str) -> Path | None:  # harness.x.y -> its file, or None outside the harness
+        parts = dotted.split(".")
+        if parts[0] != "harness":
+            return None
+        base = root.joinpath(*parts[1:])
+        for cand in (base / "__init__.py", base.with_suffix(".py")):
+            if cand.is_file():
+                return cand
+        return None
+
+    files: set[Path] = set()
+    todo = [(root / entry, False)]  # (file, whether it was imported as a package)
+    while todo:
+        f, package = todo.pop()
+        if package and f.parent != root:
+            todo += [(p, False) for p in sorted(f.parent.glob("*.py")) if p not in files]
+        if f in files:
+            continue
+        files.add(f)
+        todo += [(root / d / "__init__.py", False) for d in f.relative_to(root).parents
+                 if (root / d / "__init__.py").is_file()]
+        pkg = ["harness", *f.relative_to(root).parent.parts]
+        for node in ast.walk(ast.parse(f.read_text())):
+            if isinstance(node, ast.Import):  # import a.b: the module (a package: all of it)
+                named, container = [a.name for a in node.names], None
+            elif isinstance(node, ast.ImportFrom):  # from a import b: a's file, and b where b is a module
+                base = ".".join(pkg[:len(pkg) - node.level + 1]) if node.level else ""
+                container = ".".join(x for x in (base, node.module or "") if x)
+                named = [f"{container}.{a.name}" for a in node.names]
+            else:
+                continue
+            todo += [(m, m.name == "__init__.py") for m in map(module_file, named) if m is not None]
+            if container and module_file(container) is not None:
+                todo.append((module_file(container), False))
+    return tuple(sorted(p.relative_to(root).as_posix() for p in files))
 
 
 def stage_harness(workdir: str) -> str:
-    """Copy ``HARNESS_FILES`` from this process's harness into ``workdir/lib/harness``
+    """Copy :func:`worker_files` from this process's harness into ``workdir/lib/harness``
     (readable by the worker's user); returns ``workdir/lib``, which the worker puts
     first on ``sys.path``."""
     src = Path(__file__).resolve().parent.parent
     lib = os.path.join(workdir, "lib")
-    for rel in HARNESS_FILES:
+    for rel in worker_files():
         dest = os.path.join(lib, "harness", rel)
         os.makedirs(os.path.dirname(dest), exist_ok=True)
         shutil.copyfile(src / rel, dest)
@@ -151,6 +192,7 @@ def stage_harness(workdir: str) -> str:
     for d, _, _ in os.walk(lib):
         os.chmod(d, 0o755)
     return lib
+
 
 
 def package_dirs() -> list[str]:

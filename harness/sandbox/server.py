@@ -1,6 +1,6 @@
 """The untrusted side: a launcher that isolates itself, then W servers that import one submission.
 
-Started by ``harness.sandbox.client.Worker`` as ``python -I -c "...server.main()"``
+Started by ``harness.sandbox.worker.Worker`` as ``python -I -c "...server.main()"``
 (behind ``unshare --net --pid --mount`` where the host allows), in an empty
 temporary directory, with a scrubbed environment (no seed, no ``LABS_*``). Its
 first frame, ``init``, arrives on stdin (the control pipe). Then, still harness
@@ -84,7 +84,7 @@ class Server:
     def error(self, e: BaseException):
         builtin = next((c.__name__ for c in type(e).__mro__ if c.__module__ == "builtins"), "RuntimeError")
         frames = traceback.extract_tb(e.__traceback__)
-        own = {__file__, probes.__file__, wire.__file__}
+        own = {__file__, wire.__file__, *(m.__file__ for m in probes.FAMILIES)}
         while frames and frames[0].filename in own:  # the server's own frames
             frames = traceback.StackSummary.from_list(frames[1:])
         tb = "".join(traceback.format_list(frames[-10:]) + traceback.format_exception_only(type(e), e))
@@ -177,7 +177,7 @@ def _note_writer(fd: int):
 def _serve_rank(header: dict, channel: list, src_path: str, contract) -> None:
     """In a forked child: import the submission, say ready on ``channel``, serve."""
     fd_in, fd_out, fd_note = channel
-    probes.note = _note_writer(fd_note)
+    probes.common.note = _note_writer(fd_note)
     libc = ctypes.CDLL(None, use_errno=True)
     libc.prctl(isolation.PR_SET_PDEATHSIG, 9, 0, 0, 0)
     try:
@@ -251,8 +251,8 @@ def main():
             import importlib
             for name in ("torch.distributed", "torch._dynamo"):  # the optimizer imports dynamo: seconds per rank
                 importlib.import_module(name)
-            probes.install_comm_hooks()  # before the submission can save a reference to anything it wraps
-        probes.install_guards()  # likewise: the dispatch-stack bindings and the measurements' own methods
+            probes.comm.install_comm_hooks()  # before the submission can save a reference to anything it wraps
+        probes.guards.install_guards()  # likewise: the dispatch-stack bindings and the measurements' own methods
         os.makedirs("impl", exist_ok=True)
         src_path = os.path.abspath(os.path.join("impl", header["module_filename"]))
         with open(src_path, "w") as f:

@@ -1,8 +1,8 @@
-"""Multi-rank labs: W ranks of the submission inside the sandbox, driven from the grader.
+"""The ranks of multi-rank labs: W ranks of the submission inside the sandbox, driven from the grader.
 
 Graders of the distributed labs (01 all-reduce, 02 ZeRO) call::
 
-    results = harness.distributed.run(body, W, *args, impl=impl, timeout=20)
+    results = harness.toolkit.run_ranks(body, W, *args, impl=impl, timeout=20)
 
 The W ranks are W request loops of one sandboxed worker (``harness.sandbox``):
 they share the worker's private network namespace and /tmp, join a fresh
@@ -46,11 +46,12 @@ from typing import Any, Callable
 
 import torch
 
-from . import sandbox as _sb
-from .sandbox import isolation
-from .sandbox.client import Budget, RemoteModule, Sandbox, SandboxError, WorkerConfig, WorkerCrashed, WorkerTimeout
-from .sandbox.probes import COLLECTIVES, DATA_COLLECTIVES, P2P  # noqa: F401  (graders name them)
-from .sandbox.wire import View  # noqa: F401  (graders send views with their base)
+from . import calls as _sb
+from . import isolation
+from .outside import loopback_tx_bytes, tcp_retransmits
+from .probes.comm import COLLECTIVES, DATA_COLLECTIVES, P2P  # noqa: F401  (graders name them)
+from .wire import View  # noqa: F401  (graders send views with their base)
+from .worker import Budget, RemoteModule, Sandbox, SandboxError, WorkerConfig, WorkerCrashed, WorkerTimeout
 
 ERROR_GRACE_S = 3.0  # after one rank fails, how long the others get to report before the worker is killed
 _GLOO_TIMEOUT = "Timed out waiting"
@@ -327,30 +328,6 @@ class Results(list):
 
     loopback_bytes: int | None = None
     tcp_retransmits: int | None = None  # segments TCP sent again in that namespace (counted twice on lo)
-
-
-def loopback_tx_bytes(pid: int | None) -> int | None:
-    """Bytes sent on ``lo`` in the network namespace of ``pid`` (/proc/<pid>/net/dev), or
-    None where unreadable. These are IP packet bytes: TCP/IP headers and ACKs add about
-    0.2% to the payload on loopback (64 KiB segments), which a bound's slack covers."""
-    fields = _sb.client.proc_fields(pid, "net/dev", "lo")
-    try:
-        return int(fields[8]) if fields else None
-    except (ValueError, IndexError):
-        return None
-
-
-def tcp_retransmits(pid: int | None) -> int | None:
-    """TCP segments retransmitted in the network namespace of ``pid`` (``RetransSegs`` of
-    /proc/<pid>/net/snmp, RFC 4022's tcpRetransSegs), or None where unreadable. On a loaded
-    machine the kernel drops loopback segments a busy receiver cannot queue and sends them
-    again, so the loopback's byte count then includes them twice."""
-    rows = [line.split()[1:] for line in _sb.client.proc_text(pid, "net/snmp").splitlines()
-            if line.startswith("Tcp:")]
-    try:
-        return int(dict(zip(*rows))["RetransSegs"])
-    except (ValueError, KeyError, TypeError):
-        return None
 
 
 def run(body: Callable, world_size: int, *args, impl, timeout: float = 30.0, device: str = "cpu",

@@ -1,0 +1,211 @@
+"""The communication counter (multi-rank labs): every torch.distributed path counted, in order."""
+from __future__ import annotations
+
+import time
+
+import torch
+
+from . import common
+from .common import flat
+
+
+# --- communication counter (multi-rank labs) ----------------------------------------------------
+
+P2P = ("send", "recv", "isend", "irecv", "batch_isend_irecv")
+COLLECTIVES = ("all_reduce", "all_reduce_coalesced", "reduce_scatter", "reduce_scatter_tensor",
+               "reduce_scatter_single", "_reduce_scatter_base", "all_gather", "all_gather_into_tensor",
+               "all_gather_single", "_all_gather_base", "all_gather_coalesced", "all_gather_object",
+               "broadcast", "broadcast_object_list",
+               "reduce", "gather", "gather_object", "scatter", "scatter_object_list", "all_to_all",
+               "all_to_all_single", "barrier", "monitored_barrier")
+DATA_COLLECTIVES = tuple(c for c in COLLECTIVES if c not in ("barrier", "monitored_barrier"))
+
+
+def _nbytes(t) -> int:
+    return t.numel() * t.element_size() if isinstance(t, torch.Tensor) else 0
+
+
+def _numel_list(x) -> int:
+    if isinstance(x, torch.Tensor):
+        return x.numel()
+    if isinstance(x, (list, tuple)):
+        return sum(_numel_list(y) for y in x)
+    return 0
+
+
+# ProcessGroup / Backend methods (called on the group object, bypassing the functions above)
+# and the collective name each one counts as.
+_PG_METHODS = {"allreduce": "all_reduce", "allreduce_coalesced": "all_reduce_coalesced", "allgather": "all_gather",
+               "allgather_coalesced": "all_gather_coalesced", "allgather_into_tensor_coalesced": "all_gather",
+               "_allgather_base": "_all_gather_base", "all_gather_single": "all_gather_single",
+               "all_gather_single_coalesced": "all_gather", "reduce_scatter": "reduce_scatter",
+               "_reduce_scatter_base": "_reduce_scatter_base", "reduce_scatter_single": "reduce_scatter_single",
+               "reduce_scatter_single_coalesced": "reduce_scatter", "reduce_scatter_tensor_coalesced": "reduce_scatter",
+               "broadcast": "broadcast", "reduce": "reduce", "gather": "gather", "scatter": "scatter",
+               "alltoall": "all_to_all", "alltoall_base": "all_to_all_single", "all_to_all_single": "all_to_all_single",
+               "barrier": "barrier", "monitored_barrier": "monitored_barrier",
+               "send": "send", "recv": "recv", "recv_anysource": "recv"}
+# c10d dispatcher ops (what the functions and methods above end in; callable directly as
+# ``torch.ops.c10d.<op>``) and the collective each one is
+C10D_OPS = {"allreduce_": "all_reduce", "allreduce_coalesced_": "all_reduce_coalesced", "allgather_": "all_gather",
+            "_allgather_base_": "_all_gather_base", "allgather_coalesced_": "all_gather_coalesced",
+            "allgather_into_tensor_coalesced_": "all_gather", "reduce_scatter_": "reduce_scatter",
+            "_reduce_scatter_base_": "_reduce_scatter_base", "reduce_scatter_tensor_coalesced_": "reduce_scatter",
+            "broadcast_": "broadcast", "reduce_": "reduce", "gather_": "gather", "scatter_": "scatter",
+            "alltoall_": "all_to_all", "alltoall_base_": "all_to_all_single", "barrier": "barrier",
+            "monitored_barrier_": "monitored_barrier"}
+_ACTIVE: list = []        # the CommCounter in force (at most one)
+_INSTALLED: list = []     # (owner, attribute, original, stand-in) replaced by install_comm_hooks
+
+
+def _first_tensor_bytes(x) -> tuple[int, int]:
+    """(bytes, elements) of the first tensor in ``x`` (a tensor or nested lists of them)."""
+    for y in flat(x):
+        if isinstance(y, torch.Tensor):
+            return _nbytes(y), y.numel()
+    return 0, 0
+
+
+def _hook(name: str, original, method: bool):
+    """A permanent stand-in for a torch.distributed function or ProcessGroup method: it
+    reports to the active CommCounter (if any), forbids what it forbids, and calls through."""
+    kind = name if name in P2P or name == "recv_anysource" else "collective"
+
+    def hooked(*a, **k):
+        c = _ACTIVE[-1] if _ACTIVE else None
+        if c is None or c._depth > 0:  # not counting, or called from inside another counted call
+            return original(*a, **k)
+        args = a[1:] if method else a
+        if kind in ("send", "isend", "recv", "irecv", "recv_anysource"):
+            sending = kind in ("send", "isend")
+            nbytes, numel = _first_tensor_bytes(args[0] if args else k.get("tensor"))
+            if sending:
+                c.sent_msgs += 1
+                c.sent_bytes += nbytes
+                c.sent_elems += numel
+            else:
+                c.recv_msgs += 1
+                c.recv_bytes += nbytes
+            c.event("send" if sending else "recv", numel=numel)
+            side = "dst" if sending else "src"
+            peer = k.get(side, k.get("group_" + side, args[1] if len(args) > 1 else "?"))
+            common.note(f"in {name}({side}={peer}, {nbytes} bytes) since t={time.time():.1f}")
+        elif kind == "collective" and name != "batch_isend_irecv":
+            label = _PG_METHODS.get(name, name) if method else name
+            c.collectives[label] = c.collectives.get(label, 0) + 1
+            tensor = next((y for y in flat(list(args) + list(k.values())) if isinstance(y, torch.Tensor)), None)
+            c.event("launch", op=label, numel=max([_numel_list(x) for x in list(args) + list(k.values())] or [0]),
+                    dtype=str(tensor.dtype).removeprefix("torch.") if tensor is not None else None,
+                    async_op=bool(k.get("async_op", False)) or method)
+            c.collective_elems += max([_numel_list(x) for x in list(args) + list(k.values())] or [0])
+            if label in c.forbid:
+                c.forbidden.append(label)
+                raise AssertionError(f"called torch.distributed.{label}: the contract forbids collectives "
+                                     f"here (point-to-point send/recv only)")
+            common.note(f"in {label} since t={time.time():.1f}")
+        else:  # batch_isend_irecv: its isend/irecv calls are the ones counted
+            common.note(f"in {name} since t={time.time():.1f}")
+            return original(*a, **k)
+        c._depth += 1
+        try:
+            out = original(*a, **k)
+        finally:
+            c._depth -= 1
+        common.note(f"returned from {name}")
+        return out
+    hooked.__name__ = getattr(original, "__name__", name)
+    return hooked
+
+
+def _waiting(original):
+    """A stand-in for ``Work.wait`` / ``Future.wait``: records a ``wait`` event, then waits."""
+    def wait(self, *a, **k):
+        if _ACTIVE:
+            _ACTIVE[-1].event("wait")
+        return original(self, *a, **k)
+    wait.__name__ = "wait"
+    return wait
+
+
+def install_comm_hooks() -> None:
+    """Replace torch.distributed's point-to-point and collective functions, and the
+    collective methods of ``ProcessGroup`` and its backends, by counting stand-ins.
+    The server calls this once, before the submission is imported, so a reference
+    the submission saves (``from torch.distributed import all_reduce``, a dict, a
+    bound method of the group) is already the stand-in."""
+    if _INSTALLED:
+        return
+    import torch.distributed as dist
+    import torch.distributed.distributed_c10d as c10d
+    from torch._C import _distributed_c10d as C
+    for name in P2P + COLLECTIVES:
+        original = getattr(c10d, name, None) or getattr(dist, name, None)
+        if original is None:
+            continue
+        new = _hook(name, original, method=False)
+        for m in (dist, c10d):
+            for attr, value in list(vars(m).items()):
+                if value is original:
+                    _INSTALLED.append((m, attr, original, new))
+                    setattr(m, attr, new)
+    for cls in {C.Work, getattr(c10d, "Work", C.Work), torch.futures.Future}:
+        original = vars(cls).get("wait")
+        if original is not None:
+            new = _waiting(original)
+            _INSTALLED.append((cls, "wait", original, new))
+            setattr(cls, "wait", new)
+    classes = [getattr(C, n) for n in ("ProcessGroup", "Backend", "ProcessGroupGloo", "ProcessGroupNCCL")
+               if hasattr(C, n)]
+    classes += [getattr(c10d, n) for n in ("ProcessGroupGloo", "ProcessGroupNCCL") if hasattr(c10d, n)]
+    for cls in classes:
+        for attr in _PG_METHODS:
+            original = vars(cls).get(attr)
+            if original is None:
+                continue
+            new = _hook(attr, original, method=True)
+            _INSTALLED.append((cls, attr, original, new))
+            setattr(cls, attr, new)
+
+
+class CommCounter:
+    """Count point-to-point messages/bytes and collective calls in this rank while active.
+
+    ``forbid``: collective names (from ``COLLECTIVES``) that raise ``AssertionError``
+    when called, through the ``torch.distributed`` functions or the group object's
+    methods (recorded even if swallowed). Bytes are ``numel * element_size`` of the
+    tensors passed; ``collective_elems`` adds, per collective call, the elements of its
+    largest tensor argument. Counting is done by the stand-ins of
+    :func:`install_comm_hooks` (installed here if the server has not already)."""
+
+    def __init__(self, forbid=(), modules=()):
+        self.forbid = set(forbid)
+        unknown = self.forbid - set(COLLECTIVES) - set(P2P)
+        if unknown:
+            raise ValueError(f"forbid: unknown names {sorted(unknown)}")
+        self.sent_msgs = self.sent_bytes = self.sent_elems = self.recv_msgs = self.recv_bytes = 0
+        self.collectives: dict[str, int] = {}
+        self.collective_elems = 0
+        self.forbidden: list[str] = []
+        self.events: list[dict] = []  # in order: launch / send / recv / wait, and the probes' own marks
+        self._depth = 0  # > 0 inside a counted call: its internal calls are not counted again
+
+    def event(self, kind: str, **fields) -> None:
+        """Append ``{"k": kind, **fields}`` to the ordered event log (at most 10,000 kept)."""
+        if len(self.events) < 10_000:
+            self.events.append({"k": kind, **fields})
+
+    def report(self) -> dict:
+        return {"sent_msgs": self.sent_msgs, "sent_bytes": self.sent_bytes, "sent_elems": self.sent_elems,
+                "recv_msgs": self.recv_msgs, "recv_bytes": self.recv_bytes,
+                "collectives": dict(self.collectives), "collective_elems": self.collective_elems,
+                "forbidden": list(self.forbidden), "events": list(self.events)}
+
+    def __enter__(self):
+        install_comm_hooks()
+        _ACTIVE.append(self)
+        return self
+
+    def __exit__(self, *exc):
+        if _ACTIVE and _ACTIVE[-1] is self:
+            _ACTIVE.pop()
+        return False

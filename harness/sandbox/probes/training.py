@@ -1,0 +1,244 @@
+"""Training steps (data-parallel labs 07-09): a trusted model on the rank, one backward watched."""
+from __future__ import annotations
+
+import contextlib
+
+import torch
+
+from .comm import _ACTIVE
+from .common import _gc_collect, detach_tree
+from .measure import _watched
+
+
+# --- training steps (data-parallel labs): a trusted model on the rank, one backward watched ----------
+
+_TORCH_DDP = torch.nn.parallel.DistributedDataParallel  # the lab 07 baseline, bound before any submission
+
+
+class TrainNet(torch.nn.Module):
+    """The model a data-parallel grader trains on each rank (trusted code, built here by
+    :func:`probe_build_model` so that gradient-ready events are seen first).
+
+    ``spec["layers"]``: a list of ``{"name", "in", "out", "bias", "dtype", "frozen"}``
+    linear layers applied in order, ``tanh`` between them; ``forward(x, skip=())`` leaves
+    out the layers named in ``skip`` (each of them square: unused parameters). The input
+    is cast to each layer's dtype; the output is float32 times the buffer ``scale``
+    (``(out,)``, broadcast at construction like every buffer). Every trainable parameter
+    records a ``ready`` event (its name) in the active communication counter when its
+    gradient is accumulated (``register_post_accumulate_grad_hook``, registered before
+    any wrapper's hooks)."""
+
+    def __init__(self, spec: dict):
+        super().__init__()
+        self.watch = bool(spec.get("watch"))
+        self.layers = torch.nn.ModuleDict()
+        for L in spec["layers"]:
+            lin = torch.nn.Linear(int(L["in"]), int(L["out"]), bias=bool(L.get("bias", True)),
+                                  dtype=getattr(torch, L.get("dtype", "float32")))
+            if L.get("frozen"):
+                lin.requires_grad_(False)
+            self.layers[L["name"]] = lin
+        if spec["layers"]:
+            self.register_buffer("scale", torch.ones(int(spec["layers"][-1]["out"])))
+        for name, p in self.named_parameters():
+            if p.requires_grad:
+                p.register_post_accumulate_grad_hook(_ready_event(name))
+
+    def forward(self, x, skip=()):
+        if not self.watch:
+            return self._forward(x, skip)
+        stats = _STAGE_STATS.setdefault(id(self), _stage_stats())
+        call = len(stats["rows"])
+        stats["rows"].append(int(x.shape[0]) if x.dim() else 0)
+        stats["actions"].append(["F", call])
+        with torch.autograd.graph.saved_tensors_hooks(lambda t: _Saved(t, stats, call), _Saved.unpack):
+            y = self._forward(x, skip)
+        if y.requires_grad:
+            y.register_hook(_backward_mark(stats, call))
+        return y
+
+    def _forward(self, x, skip):
+        if not self.layers:  # a stage without parameters
+            return torch.tanh(x)
+        names = [n for n in self.layers if n not in skip]
+        for i, n in enumerate(names):
+            lin = self.layers[n]
+            x = lin(x.to(lin.weight.dtype))
+            if i < len(names) - 1:
+                x = torch.tanh(x)
+        return x.to(torch.float32) * self.scale
+
+
+# Pipeline stages (``spec["watch"]``): per TrainNet, its calls (rows of each input), the order of
+# forward calls and backward starts (the hook on each call's output), and how many calls hold
+# saved tensors (from the first tensor autograd saves in the call until autograd frees the last).
+_STAGE_STATS: dict = {}
+
+
+def _stage_stats() -> dict:
+    return {"rows": [], "actions": [], "live": {}, "held": 0, "peak_held": 0}
+
+
+def _backward_mark(stats, call):
+    def mark(grad):
+        stats["actions"].append(["B", call])
+    return mark
+
+
+class _Saved:
+    """A tensor autograd saved during one watched call; counts the call as held while alive."""
+
+    __slots__ = ("t", "stats", "call", "__weakref__")
+
+    def __init__(self, t, stats, call):
+        self.t, self.stats, self.call = t, stats, call
+        live = stats["live"]
+        live[call] = live.get(call, 0) + 1
+        if live[call] == 1:
+            stats["held"] += 1
+            stats["peak_held"] = max(stats["peak_held"], stats["held"])
+
+    @staticmethod
+    def unpack(saved):
+        return saved.t
+
+    def __del__(self):
+        live = self.stats["live"]
+        live[self.call] -= 1
+        if not live[self.call]:
+            self.stats["held"] -= 1
+
+
+def probe_stage_stats(module, target, reset=False):
+    """What the watched TrainNet ``target`` saw (see ``_STAGE_STATS``): ``rows``, ``actions``
+    (``["F", call]``, ``["B", call]`` in order), ``peak_held``, ``held`` (now, after a collection);
+    ``reset``: start afresh (before a call)."""
+    if reset:
+        _STAGE_STATS[id(target)] = _stage_stats()
+        return None, {}
+    _gc_collect()
+    st = _STAGE_STATS.get(id(target), _stage_stats())
+    return {k: v for k, v in st.items() if k != "live"}, {}
+
+
+TORCH_FUNCTIONS = {"torch.nn.functional.mse_loss": torch.nn.functional.mse_loss,
+                   "torch.nn.functional.cross_entropy": torch.nn.functional.cross_entropy,
+                   "torch.nn.functional.relu": torch.nn.functional.relu,
+                   "torch.nn.functional.silu": torch.nn.functional.silu}
+
+
+def probe_torch_function(module, dotted):
+    """A handle to one of ``TORCH_FUNCTIONS`` (bound before the submission is imported), e.g.
+    a loss function or an activation a grader passes to the submission."""
+    if dotted not in TORCH_FUNCTIONS:
+        raise ValueError(f"{dotted!r} is not one of {sorted(TORCH_FUNCTIONS)}")
+    return TORCH_FUNCTIONS[dotted], {"keep": True}
+
+
+def _ready_event(name: str):
+    def ready(_param) -> None:
+        if _ACTIVE:
+            _ACTIVE[-1].event("ready", p=name)
+    return ready
+
+
+_MODEL_OBJECTS: dict = {}  # id(TrainNet) -> its Parameter and buffer objects as built (see probe_wraps)
+
+
+def probe_build_model(module, spec, state, device="cpu"):
+    """A :class:`TrainNet` from ``spec`` with ``state`` (a state dict, strict) kept on this rank,
+    on ``device`` (e.g. ``"cuda:1"``)."""
+    net = TrainNet(spec)
+    net.load_state_dict(state, strict=True)
+    net.to(torch.device(device))
+    _MODEL_OBJECTS[id(net)] = {"params": dict(net.named_parameters()), "buffers": dict(net.named_buffers())}
+    return net, {"keep": True}
+
+
+def probe_build_linear(module, weight, bias):
+    """A ``torch.nn.Linear`` holding copies of ``weight (out, in)`` and ``bias (out,)`` (or
+    None), kept on this rank (a layer the submission shards)."""
+    lin = torch.nn.Linear(weight.shape[1], weight.shape[0], bias=bias is not None, dtype=weight.dtype)
+    with torch.no_grad():
+        lin.weight.copy_(weight)
+        if bias is not None:
+            lin.bias.copy_(bias)
+    return lin, {"keep": True}
+
+
+def probe_wraps(module, target, model):
+    """Whether the wrapper ``target`` holds ``model`` itself: ``module`` (``target.module is
+    model``, a registered submodule), ``same_params`` / ``same_buffers`` (the model's own
+    Parameter and buffer objects are still the model's, in place)."""
+    held = getattr(target, "_modules", {}).get("module") if isinstance(target, torch.nn.Module) else None
+    params, buffers = dict(model.named_parameters()), dict(model.named_buffers())
+    return {"module": held is model,
+            "same_params": all(p is params.get(n) for n, p in _MODEL_OBJECTS.get(id(model), {}).get("params", {}).items()),
+            "same_buffers": all(b is buffers.get(n) for n, b in _MODEL_OBJECTS.get(id(model), {}).get("buffers", {}).items())}, {}
+
+
+def probe_torch_ddp(module, target, bucket_cap_mb):
+    """``torch.nn.parallel.DistributedDataParallel(target, bucket_cap_mb=...)`` on this rank
+    (the trusted baseline of a data-parallel step; the class bound before the submission was
+    imported), kept here."""
+    return _TORCH_DDP(target, bucket_cap_mb=float(bucket_cap_mb)), {"keep": True}
+
+
+def probe_step_fn(module, target):
+    """A training step of ``target`` (a module or a wrapper of one) as one callable, kept here
+    for :func:`probe_timed`: ``step(x, grad_output)`` runs ``out = target(x)``,
+    ``out.backward(grad_output)``, sets every parameter's ``.grad`` of ``target`` to None (no
+    update: each call does the same work) and returns ``[out, grads]``: ``out`` detached and
+    the gradients it set, in ``target.parameters()`` order (None where none), so that a
+    timed step is graded on what it computed."""
+    def step(x, grad_output):
+        out = target(x)
+        torch.autograd.backward(out, grad_output)
+        grads = []
+        for p in target.parameters():
+            grads.append(p.grad)
+            p.grad = None
+        return [out.detach(), grads]
+    return step, {"keep": True}
+
+
+def probe_state(module, target):
+    """``target.state_dict()`` (parameters and buffers), detached copies."""
+    return {k: v.detach().clone() for k, v in target.state_dict().items()}, {}
+
+
+def probe_backward(module, target, model, args, kwargs, grad_output, opts):
+    """One training step of ``target`` (e.g. a data-parallel wrapper of ``model``) under the
+    communication counter: ``out = target(*args, **kwargs)``, ``out.backward(grad_output)``
+    (inside ``target.no_sync()`` when ``opts["no_sync"]``), then, with ``opts["lr"]``, a plain
+    SGD step on ``model``'s parameters (None: no model) and their gradients set to None. With
+    ``opts["input_grads"]`` the floating tensor arguments require grad and the value also
+    holds ``out`` and their ``input_grads`` (no SGD step). The counter's event
+    log gets ``forward_done`` and ``backward_done`` marks. ``opts``: ``forbid`` (dotted names
+    as in ``measure``), ``comm_forbid``. Value: ``{"grads", "params"}`` of ``model`` (name to
+    tensor; a gradient None where it has none) after backward and after the step."""
+    if opts.get("input_grads"):
+        args = [a.detach().requires_grad_(True) if isinstance(a, torch.Tensor) and a.is_floating_point() else a
+                for a in args]
+    with _watched(module, {"comm": True, "comm_forbid": opts.get("comm_forbid", ()), "forbid": opts.get("forbid", []),
+                           "alloc": False, "ops": True}) as box:
+        counter = _ACTIVE[-1]
+        with target.no_sync() if opts.get("no_sync") else contextlib.nullcontext():
+            out = target(*args, **kwargs)
+            counter.event("forward_done")
+            torch.autograd.backward(out, grad_output)
+        counter.event("backward_done")
+    named = list(model.named_parameters()) if model is not None else []
+    grads = {n: None if p.grad is None else p.grad.detach().clone() for n, p in named}
+    if opts.get("input_grads"):
+        return {"grads": grads, "params": {n: p.detach().clone() for n, p in named}, "out": detach_tree(out),
+                "input_grads": [a.grad.detach().clone() if isinstance(a, torch.Tensor) and a.grad is not None
+                                else None for a in args]}, box
+    lr = opts.get("lr")
+    if lr:
+        with torch.no_grad():
+            for p in model.parameters():
+                if p.grad is not None:
+                    p -= lr * p.grad
+                p.grad = None
+    return {"grads": grads, "params": {n: p.detach().clone() for n, p in model.named_parameters()}}, box

@@ -1,0 +1,247 @@
+"""Timing: candidate and baseline in one process, interleaved, cross-checked from outside.
+
+:func:`timed` runs the ``timed`` probe (``harness.sandbox.probes.timing``) next to the
+code, re-checks every timed output against the grader's ``check``, and compares the
+claimed medians with the worker's CPU time (CPU) or the wall clock (CUDA) of the whole
+request, read from outside (``harness.sandbox.outside``); where the two disagree the
+candidate is graded on the outside figure.
+"""
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import math
+import time
+from typing import Iterable
+
+import torch
+
+from .. import bench
+from .probes import timing as _probe_timing
+from .calls import run_probe
+from .worker import RemoteObject, SandboxError
+
+
+# --- timing: candidate and baseline in one process, cross-checked from outside -------------------
+
+OUTSIDE_MARGIN = 0.25    # unexplained outside time allowed, as a fraction of the claimed in-process time
+OUTSIDE_FIXED_S = 2e-3   # ... plus this, plus twice the measured round trip and copy of the inputs
+CPU_TICK_S = 0.03        # /proc CPU times count clock ticks (10 ms): both ends' rounding and a margin
+BASELINE_TOLERANCE = 3.0  # a trusted baseline's worker median is graded within this factor of ours
+
+
+@dataclasses.dataclass
+class Timed:
+    """What :func:`timed` graded. ``ratio = candidate_s / baseline_s`` (lower is better);
+    ``candidate_s``, ``baseline_s``: the medians graded (seconds per call); ``outside``:
+    True when the candidate's in-process figures disagreed with the outside total (the
+    worker's CPU time from /proc on CPU, the wall clock on CUDA) and ``candidate_s`` is
+    the outside figure; ``baseline_outside``: True when a trusted
+    baseline's worker median was more than ``BASELINE_TOLERANCE`` times off the grader's
+    own and ``baseline_s`` was clamped; ``figures``: the claims and the outside figures (for
+    ``record_perf``)."""
+
+    ratio: float
+    candidate_s: float
+    baseline_s: float
+    outside: bool = False
+    baseline_outside: bool = False
+    figures: dict = dataclasses.field(default_factory=dict)
+
+
+def _samples(fig, key, n=None) -> list:
+    xs = fig.get(key) if isinstance(fig, dict) else None
+    if not isinstance(xs, list) or (n is not None and len(xs) != n) or len(xs) > 100000 or not all(
+            isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x) and x >= 0 for x in xs):
+        raise SandboxError(f"the implementation's process sent malformed timing figures ({key})")
+    return [float(x) for x in xs]
+
+
+def _clone_args(x):
+    return _probe_timing._clone_tree(x)
+
+
+def _median_of(fn, n=5, clock=None) -> float:
+    clock = clock or time.perf_counter
+    out = []
+    for _ in range(n):
+        t0 = clock()
+        fn()
+        out.append(clock() - t0)
+    return sorted(out)[n // 2]
+
+
+def timed(candidate, baseline, inputs, *, warmup_inputs, check=None, kwargs: dict | None = None,
+          baseline_kwargs: dict | None = None, forbid: Iterable[str] = (), forbid_ops: Iterable[str] = (),
+          reason: str = "the contract forbids it", device="cpu", repeats: int | None = None,
+          backend: str | None = None, no_grad: bool = True, verify_baseline: bool = True,
+          threads: int | None = None, timeout: float | None = None) -> Timed:
+    """Time ``candidate(*args, **kwargs)`` against ``baseline(*args, **baseline_kwargs)``
+    next to the implementation, interleaved (``harness.bench.run_interleaved``: >= 3
+    warm-up calls on ``warmup_inputs``, a cache flush before every call, CUDA events
+    plus a device-wide synchronize on CUDA, the median of ``repeats`` >= 10 rounds,
+    default ``len(inputs)``: a fresh input per round).
+
+    ``candidate``: an implementation callable (``impl.f``, a method or module handle);
+    ``baseline``: a trusted name from ``harness.sandbox._probe_timing.BASELINES`` (e.g.
+    ``"torch.nn.functional.scaled_dot_product_attention"``; ``backend`` picks an SDPA
+    backend: ``math``, ``flash``, ...) or another implementation callable. ``inputs``:
+    the pool, a list of positional-argument tuples (sent to the worker once, before the
+    timed request); ``warmup_inputs``: >= 3 others. ``forbid``: dotted names patched to
+    raise during the candidate's calls only (the baseline may call them); ``forbid_ops``:
+    ATen op-name substrings the candidate must not reach (checked on one untimed call).
+    ``threads``: torch's intra-op threads of both while timed; default 1 on CPU (on a
+    shared, loaded machine a second OpenMP thread makes times swing tenfold), unchanged
+    on CUDA.
+    ``check(i, out)``: raises when the candidate's output for ``inputs[i]`` is wrong;
+    every pool input's output is checked here, against the grader's own oracle.
+
+    Cross-checks (the worker's figures are claims):
+
+    * Outside total. ``W``, measured here for the one timed request (the inputs travel
+      before it, the outputs after it): on CPU the worker's CPU seconds from /proc (the
+      in-process figures are CPU time too), on CUDA (or where /proc cannot be read) the
+      request's wall clock. ``W`` must be explained by the claimed calls: with
+      ``claimed`` the sum of every claimed call (warm-up and timed, both sides), ``n``
+      the number of calls, ``per_call`` twice the flush and loop overhead measured here
+      on a no-op, and ``fixed = OUTSIDE_FIXED_S`` + twice the time to copy the pool here
+      + twice the round trip of an empty request (wall clock) or ``CPU_TICK_S`` (the
+      resolution of /proc CPU times), the claims are accepted when
+      ``W - claimed - n * per_call - fixed <= OUTSIDE_MARGIN * claimed``. Otherwise the
+      candidate is graded on the outside figure: every second not claimed by the
+      baseline is charged to it, ``(W - fixed - n * per_call - B) / n_c`` per call
+      (``n_c``: the candidate's calls, ``B``: the baseline's claimed total, capped for a
+      named baseline at ``n_b * BASELINE_TOLERANCE`` times our own median), or its
+      claimed median if that is larger; ``outside`` is then True.
+    * Trusted baseline. With ``verify_baseline`` and a named baseline, the baseline is
+      also timed here on copies of the pool, and the worker's median is graded clamped
+      to within ``BASELINE_TOLERANCE`` of ours (a submission slowing the baseline, or
+      lying about it, gains at most that factor; ``baseline_outside``). The factor is
+      wide because the two timings are not interleaved (a shared CI machine's load
+      swings in between). A baseline that is an implementation callable is the
+      submission's own code and cannot be checked so.
+
+    In the worker, a candidate whose plain (untimed) call takes more than a third of the
+    call limit shared out over every call of the request fails at once, rather than
+    timing out (a timeout counts against the submission's budget).
+
+    Raises AssertionError when the candidate called a forbidden name or op, was too
+    slow to time, or a check fails; SandboxError for malformed figures."""
+    inputs = [tuple(a) for a in inputs]
+    warmup_inputs = [tuple(a) for a in warmup_inputs]
+    repeats = len(inputs) if repeats is None else int(repeats)
+    if len(warmup_inputs) < bench.WARMUP_MIN or repeats < bench.REPEATS_MIN:
+        raise ValueError(f"need >= {bench.WARMUP_MIN} warm-up inputs and >= {bench.REPEATS_MIN} repeats, "
+                         f"got {len(warmup_inputs)} and {repeats}")
+    kwargs, baseline_kwargs = dict(kwargs or {}), dict(baseline_kwargs or {})
+    dev = torch.device(device)
+    threads = (1 if dev.type == "cpu" else None) if threads is None else int(threads)
+    opts = {"threads": threads, "device": str(dev), "repeats": repeats, "forbid": list(forbid),
+            "forbid_ops": list(forbid_ops), "reason": reason, "backend": backend, "no_grad": no_grad}
+    name = getattr(candidate, "_short", getattr(candidate, "__name__", "the candidate"))
+    remote = isinstance(candidate, RemoteObject)
+    if remote:  # what one call may take so that the whole timed request fits in the call limit
+        limit = candidate._sandbox.cfg.call_timeout_s if timeout is None else timeout
+        opts["max_call_s"] = limit / (3 * (len(warmup_inputs) + repeats + 2))
+
+    # figures of this process: the flush and the loop's own overhead per call, the copy of the pool
+    sync = (lambda: torch.cuda.synchronize(dev)) if dev.type == "cuda" else (lambda: None)
+    with _probe_timing._threads(threads):
+        buf = bench.flush_buffer(dev)
+        flush_s = _median_of(lambda: (buf.zero_(), sync()), clock=time.thread_time if dev.type == "cpu" else None)
+        del buf
+        noop = bench.run_interleaved({"a": lambda *a, **k: None, "b": lambda *a, **k: None}, [()], [()] * 3,
+                                     device=dev, repeats=bench.REPEATS_MIN, flush=False)
+        loop_s = max(max(tm.wall_s + tm.warmup_s) for tm in noop.values())
+        copy_s = _median_of(lambda: (_clone_args(inputs), sync()), n=3,
+                            clock=time.thread_time if dev.type == "cpu" else None)
+
+    if remote:
+        sb, server = candidate._sandbox, candidate._server
+
+        def keep(value, what):
+            return sb.send({"op": "probe", "name": "keep", "keys": ["value"]}, {"v_value": value}, what,
+                           server=server, timeout=timeout)[0]
+        t0 = time.perf_counter()
+        keep(None, "timing a round trip")
+        rtt_s = time.perf_counter() - t0
+        pool, warm = keep([list(a) for a in inputs], "sending the timing inputs"), \
+            keep([list(a) for a in warmup_inputs], "sending the warm-up inputs")
+    else:
+        rtt_s = 0.0
+        pool, warm = [list(a) for a in _clone_args(inputs)], [list(a) for a in _clone_args(warmup_inputs)]
+    cpu0 = time.process_time()
+    value, figures, outside = run_probe("timed", target=candidate, baseline=baseline, inputs=pool,
+                                        warmup_inputs=warm, kwargs=kwargs, baseline_kwargs=baseline_kwargs,
+                                        opts=opts, what=f"timing {name}", timeout=timeout)
+    # the outside total: the worker's CPU seconds from /proc on CPU (this process's when local),
+    # the wall clock of the request on CUDA (or where /proc cannot be read)
+    on_cpu = dev.type == "cpu" and (outside["cpu_s"] is not None or not remote)
+    out_total = (outside["cpu_s"] if remote else time.process_time() - cpu0) if on_cpu else outside["wall_s"]
+    called = figures.get("forbidden") or figures.get("ops_forbidden")
+    if called:
+        raise AssertionError(f"{name} called {', '.join(str(c)[:100] for c in called[:5])} during the timed "
+                             f"calls: {reason}")
+    if "too_slow_s" in figures:
+        slow = _samples({"t": [figures["too_slow_s"]]}, "t")[0]
+        raise AssertionError(f"one call of {name} took {slow:.3g} s: too slow to time within the call limit "
+                             f"(at most {opts['max_call_s']:.3g} s per call here): no performance credit")
+    n_warm = len(warmup_inputs)
+    cand, base = figures.get("candidate"), figures.get("baseline")
+    c_times, b_times = _samples(cand, "times_s", repeats), _samples(base, "times_s", repeats)
+    c_warm, b_warm = _samples(cand, "warmup_s", n_warm + 1), _samples(base, "warmup_s", n_warm)
+    if on_cpu:  # CPU seconds of every call
+        c_claim, b_claim = sum(c_times) + sum(c_warm), sum(b_times) + sum(b_warm)
+    else:       # wall seconds of every call
+        c_claim = _samples({"t": [cand.get("total_s")]}, "t")[0] + c_warm[0]
+        b_claim = _samples({"t": [base.get("total_s")]}, "t")[0]
+
+    # every timed output, checked here
+    if len(value) != len(inputs):
+        raise SandboxError("the implementation's process sent the wrong number of timed outputs")
+    for i in range(len(inputs)):
+        out = value[i]
+        if check is not None:
+            check(i, out)
+
+    median = bench._median
+    c_s, b_s = median(c_times), median(b_times)
+    b_local = None
+    baseline_outside = False
+    b_share = b_claim  # the baseline's share of the outside total
+    if verify_baseline and isinstance(baseline, str):
+        fn = _probe_timing.BASELINES[baseline]
+        guards = {}
+        if backend is not None:
+            from torch.nn.attention import SDPBackend, sdpa_kernel
+            chosen = getattr(SDPBackend, _probe_timing.SDPA_BACKENDS[backend])
+            guards["baseline"] = lambda: sdpa_kernel(chosen)
+        with torch.no_grad() if no_grad else contextlib.nullcontext(), _probe_timing._threads(threads):
+            mine = bench.run_interleaved({"baseline": fn}, _clone_args(inputs), _clone_args(warmup_inputs),
+                                         device=dev, repeats=repeats, kwargs={"baseline": baseline_kwargs},
+                                         guards=guards)
+        b_local = mine["baseline"].median_s
+        clamped = min(max(b_s, b_local / BASELINE_TOLERANCE), b_local * BASELINE_TOLERANCE)
+        if clamped != b_s:
+            b_s, baseline_outside = clamped, True
+        b_share = min(b_claim, (n_warm + repeats) * BASELINE_TOLERANCE * b_local)
+
+    n_c, n_b = n_warm + repeats + (2 if "max_call_s" in opts else 1), n_warm + repeats
+    claimed = c_claim + b_claim
+    per_call = 2 * (flush_s + loop_s)
+    fixed = OUTSIDE_FIXED_S + 2 * copy_s + (2 * rtt_s if not on_cpu else 0.0) + (CPU_TICK_S if on_cpu else 0.0)
+    unexplained = out_total - claimed - (n_c + n_b) * per_call - fixed
+    used_outside = unexplained > OUTSIDE_MARGIN * claimed
+    if used_outside:
+        implied = (out_total - fixed - (n_c + n_b) * per_call - b_share) / n_c
+        c_s = max(c_s, implied)
+    ratio = c_s / b_s if b_s > 0 else math.inf
+    report = {"flush_s": flush_s, "loop_overhead_s": loop_s, "copy_s": copy_s, "rtt_s": rtt_s,
+              "candidate_s": c_s, "baseline_s": b_s, "claimed_candidate_s": median(c_times),
+              "claimed_baseline_s": median(b_times), "outside_total_s": out_total, "outside_clock":
+              "cpu" if on_cpu else "wall", "claimed_s": claimed, "unexplained_s": unexplained,
+              "outside": used_outside, "baseline_outside": baseline_outside}
+    if b_local is not None:
+        report["local_baseline_s"] = b_local
+    return Timed(ratio=ratio, candidate_s=c_s, baseline_s=b_s, outside=used_outside,
+                 baseline_outside=baseline_outside, figures=report)
