@@ -340,7 +340,8 @@ def status_of(result: grading.GradeResult) -> str:
     ran = [t for t in result.tests if t.outcome != "skipped"]
     kinds = {t.impl_error for t in ran}
     if ran and len(kinds) == 1 and (kind := kinds.pop()) in IMPL_ERRORS:
-        return f"{IMPL_ERRORS[kind]}: {ran[0].output.splitlines()[0] if ran[0].output else kind}"
+        first = ran[0].output.splitlines()[0] if ran[0].output else kind
+        return f"{IMPL_ERRORS[kind]}: {first.removeprefix(IMPL_ERRORS[kind] + ': ')}"
     return "ok"
 
 

@@ -5,9 +5,10 @@
 ``labs/NN/<module>.py`` (a submission or a student's checkout). Modules are
 loaded by path under a private name, so the stub, the reference and a
 submission can live in one process, and spawned ranks can load the same file.
-The loaded module is checked against the contract (the stub's public names
-and signatures) once, pluggy-style, naming the module, the name and both
-signatures.
+The contract (the stub) fixes the names the graders use and how they call them:
+a missing name or a call the implementation's signature does not bind fails the
+test that makes it, with :class:`APIMismatch` naming the call and both signatures
+(:func:`missing_names`, :func:`unbound_call`); nothing else is charged.
 """
 from __future__ import annotations
 
@@ -109,31 +110,54 @@ def load_module(path: Path | str) -> ModuleType:
     return mod
 
 
-def _params(obj) -> list[tuple[str, object]] | None:
-    target = obj.__init__ if inspect.isclass(obj) else obj
+class APIMismatch(AssertionError):
+    """A grader's use of the contract the implementation does not accept: a contract name it
+    lacks, or a call whose arguments its signature does not bind. Only the test making that
+    use fails (the contract fixes the names the graders use and how they call them, nothing
+    more: extra optional parameters, other defaults, ``*args``/``**kwargs`` are fine)."""
+
+
+def missing_names(mod: ModuleType, lab: Lab) -> dict[str, str]:
+    """The lab's api names ``mod`` lacks, each with the message a test using it fails with."""
+    return {name: f"api mismatch: {name} is missing (the lab {lab.number} contract requires it)"
+            for name in lab.api if not hasattr(mod, name)}
+
+
+def _signature(fn) -> inspect.Signature | None:
+    """``fn``'s signature without annotations (what a message shows), or None."""
     try:
-        sig = inspect.signature(target)
+        sig = inspect.signature(fn)
     except (TypeError, ValueError):
         return None
-    return [(p.name, p.default) for p in sig.parameters.values()]
+    empty = inspect.Parameter.empty
+    return sig.replace(parameters=[p.replace(annotation=empty) for p in sig.parameters.values()],
+                       return_annotation=empty)
 
 
-def check_api(mod: ModuleType, contract: ModuleType | None, lab: Lab) -> list[str]:
-    """Problems with ``mod`` against the lab's API: missing names, and for each
-    function or class constructor, parameter names and defaults that differ
-    from the contract module (the stub). Empty list when it conforms."""
-    problems = []
-    for name in lab.api:
-        if not hasattr(mod, name):
-            problems.append(f"{name} is missing (the contract requires it)")
-            continue
-        if contract is None or not hasattr(contract, name):
-            continue
-        want, got = _params(getattr(contract, name)), _params(getattr(mod, name))
-        if want is not None and got is not None and want != got:
-            fmt = lambda ps: "(" + ", ".join(n if d is inspect.Parameter.empty else f"{n}={d!r}" for n, d in ps) + ")"
-            problems.append(f"{name}{fmt(got)} does not match the contract {name}{fmt(want)}")
-    return problems
+def _shape(args, kwargs) -> str:
+    name = lambda v: type(v).__name__
+    return "(" + ", ".join([name(a) for a in args] + [f"{k}={name(v)}" for k, v in kwargs.items()]) + ")"
+
+
+def unbound_call(fn, args, kwargs, contract: ModuleType | None = None) -> str | None:
+    """Why ``fn(*args, **kwargs)`` cannot bind ``fn``'s signature (the call would fail before
+    running any of ``fn``), naming the call and, when ``contract`` (the stub) defines the same
+    qualified name, the contract's signature; None when it binds or has no signature."""
+    sig = _signature(fn)
+    if sig is None:
+        return None
+    try:
+        sig.bind(*args, **kwargs)
+        return None
+    except TypeError as e:
+        why = str(e)
+    qual = getattr(fn, "__qualname__", getattr(fn, "__name__", "the function"))
+    want = contract
+    for part in qual.split("."):
+        want = getattr(want, part, None) if want is not None else None
+    want_sig = _signature(want) if want is not None else None
+    return (f"api mismatch: the graders call {qual}{_shape(args, kwargs)}, which {qual}{sig} does not accept "
+            f"({why})" + (f"; the contract's is {qual}{want_sig}" if want_sig is not None else ""))
 
 
 # --- is a stub a stub (labs release, labs nbgrader export) ----------------------

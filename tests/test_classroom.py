@@ -182,7 +182,7 @@ BAD = {
     "crash_at_import": 'raise RuntimeError("boom at import")\n',
     "exits_at_import": "import os\nos._exit(3)\n",
     "syntax_error": "def add(x, y=1:\n",
-    "wrong_signature": "def add(x, y=2):\n    return x + y\n",
+    "wrong_signature": "def add(a, b, c):\n    return a + b + c\n",  # binds none of the graders' calls
 }
 HANG_TIMEOUT_S = 60  # --timeout: far above a toy run even on a loaded 2-core machine
 

@@ -36,8 +36,9 @@ def test_impl_path_accepts_checkout_and_module_folder(toy_course, tmp_path):
 
 @pytest.mark.parametrize("source, message", [
     ("def add(x, y=1):\n    return (\n", "*importing toy.py failed (line 2): SyntaxError*"),
-    ("def add(x):\n    return x + 1\n", "*add(x) does not match the contract add(x, y=1)*"),
-    ("def plus(x, y=1):\n    return x + y\n", "*add is missing*"),
+    # a signature that does not bind a grader's call fails that test only (add(3) still passes)
+    ("def add(x):\n    return x + 1\n", "*add() takes 1 positional argument but 2 were given*"),
+    ("def plus(x, y=1):\n    return x + y\n", "*api mismatch: add is missing (the lab 07 contract requires it)*"),
     ("import os\nos._exit(0)\n", None),
     ("raise SystemExit(0)\n", "*importing toy.py failed (line 1): SystemExit*"),
 ])

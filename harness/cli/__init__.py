@@ -162,7 +162,8 @@ def _one_cause(result: grading.GradeResult, path: Path, lab) -> str:
     kinds = {t.impl_error for t in ran}
     if not ran or len(kinds) != 1 or (kind := kinds.pop()) not in IMPL_ERRORS:
         return ""
-    text = f"{IMPL_ERRORS[kind]}: {ran[0].output.splitlines()[0] if ran[0].output else kind}"
+    first = ran[0].output.splitlines()[0] if ran[0].output else kind
+    text = f"{IMPL_ERRORS[kind]}: {first.removeprefix(IMPL_ERRORS[kind] + ': ')}"
     if kind == "missing":
         import difflib
         found = sorted({p.relative_to(path).as_posix() for d in (path, path / lab.number, path / "labs" / lab.number)

@@ -36,6 +36,7 @@ from pathlib import Path
 
 import torch
 
+from ..impl import APIMismatch
 from . import isolation, wire
 from .outside import descendants, anon_shmem_bytes, ns_pid
 from .wire import Handle, WireError
@@ -75,6 +76,7 @@ class WorkerConfig:
     module_filename: str
     stub_source: str | None = None
     api: list = dataclasses.field(default_factory=list)
+    lab: str = ""         # the lab's number (named in an api mismatch)
     hide: list = dataclasses.field(default_factory=list)   # paths made empty in the worker (mount ns)
     memory_mb: int = 8192
     cpu_s: int = 3600
@@ -156,7 +158,6 @@ class Worker:
         self.cfg = cfg
         self.proc: subprocess.Popen | None = None
         self.channels: list[_Channel] = []
-        self.problems: list[str] = []
         self.notes: list[str] = []
         self.import_error: str | None = None
         self.generation = 0
@@ -201,7 +202,7 @@ class Worker:
                  "nproc": self.cfg.nproc, "harness_parent": harness_parent,
                  "package_dirs": isolation.package_dirs(),
                  "module_source": self.cfg.module_source, "module_filename": self.cfg.module_filename,
-                 "stub_source": self.cfg.stub_source, "api": list(self.cfg.api),
+                 "stub_source": self.cfg.stub_source, "api": list(self.cfg.api), "lab": self.cfg.lab,
                  "cuda": torch.cuda.is_available(), "servers": len(self.channels), "ranks": self.cfg.ranks}
         deadline = time.monotonic() + self.cfg.start_timeout_s
         reader = wire.Reader(ctl.fileno())
@@ -220,7 +221,6 @@ class Worker:
             self.kill()
             raise SandboxStartError(str(reply.get("error", "the sandbox could not start"))[:4000])
         self.notes = [str(n)[:300] for n in reply.get("notes", [])][:20]
-        problems = []
         for i, c in enumerate(self.channels):
             try:
                 ready, _ = c.reader.read_frame(deadline, max_bytes=0)
@@ -237,8 +237,6 @@ class Worker:
             if not ready.get("ok"):
                 self.import_error = str(ready.get("error", "import failed"))[:4000]
                 return
-            problems = [str(p)[:500] for p in ready.get("problems", [])][:50]
-        self.problems = problems
         self._find_pids()
 
     def _find_pids(self) -> None:
@@ -455,6 +453,8 @@ class Sandbox:
         exc = reply.get("error")
         if not isinstance(exc, dict):
             raise SandboxError(f"the implementation's process sent a malformed answer ({what})")
+        if exc.get("api") is True:  # a grader's call the submission's API does not accept: this test fails
+            raise APIMismatch(str(exc.get("msg", ""))[:2000])
         raise wire.rebuild_exception(exc)
 
     def _check_handles(self, values, server):

@@ -6,9 +6,12 @@ import ctypes
 import ctypes.util
 import gc
 import importlib
+import inspect
 import time
 
 import torch
+
+from harness import impl as _impl
 
 
 # Bound before any submission is imported (a submission that rebinds the module's
@@ -34,6 +37,23 @@ def preload() -> None:
 
 def note(msg: str) -> None:
     """Where a rank is (shown when a multi-rank run times out); the server replaces it."""
+
+
+API = {"module": None, "contract": None}  # the submission's module name and the contract (the stub): the server's
+
+
+def check_call(target, args, kwargs) -> None:
+    """Before the grader's call ``target(*args, **kwargs)`` of the submission's own function, class
+    or method: raise ``harness.impl.APIMismatch`` when its signature does not bind the call (the
+    contract's names and calls are all the graders rely on; any other signature that accepts
+    them is fine)."""
+    if API["module"] is None or getattr(target, "__module__", None) != API["module"]:
+        return
+    if not (inspect.isfunction(target) or inspect.ismethod(target) or inspect.isclass(target)):
+        return
+    why = _impl.unbound_call(target, args, kwargs, API["contract"])
+    if why:
+        raise _impl.APIMismatch(why)
 
 
 # --- plumbing shared by the probes --------------------------------------------------------------

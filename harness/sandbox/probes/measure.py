@@ -10,7 +10,7 @@ from harness.alloc import AllocationTracker
 from .. import triton_launches
 from ..wire import VIEW_BASES
 from .comm import C10D_OPS, CommCounter
-from .common import _gc_collect, _malloc_trim, _perf_counter, detach_tree, flat, forbid, forbidden_ops
+from .common import _gc_collect, _malloc_trim, _perf_counter, check_call, detach_tree, flat, forbid, forbidden_ops
 from .guards import guarded
 
 
@@ -78,6 +78,7 @@ def probe_measure(module, target, args, kwargs, opts):
     ``opts["return_args"]`` the value is ``{"out", "args", "same"}``: the arguments
     after the call (a ``View`` argument as its base) and, per argument, whether the
     output is that very object (in-place contracts)."""
+    check_call(target, args, kwargs)
     with _watched(module, opts) as box:
         out = target(*args, **kwargs)
     if opts.get("return_args"):
@@ -95,6 +96,7 @@ def _leaves(args, requires_grad) -> list:
 def probe_vjp(module, target, args, kwargs, grad_outputs, opts):
     """Forward then ``torch.autograd.backward`` with ``grad_outputs``; value ``(out, grads)``."""
     leaves = _leaves(args, opts.get("requires_grad", []))
+    check_call(target, leaves, kwargs)
     seen: list = []
     figures: dict = {}
     with forbid(opts.get("forbid", []), module, opts.get("reason", "the contract forbids it"), seen):
@@ -120,6 +122,7 @@ def probe_vjp(module, target, args, kwargs, grad_outputs, opts):
 def probe_saved_tensors(module, target, args, kwargs, opts):
     """``(out, [tensors saved for backward by out.grad_fn])``."""
     leaves = _leaves(args, opts.get("requires_grad", []))
+    check_call(target, leaves, kwargs)
     out = target(*leaves, **kwargs)
     saved = list(getattr(getattr(out, "grad_fn", None), "saved_tensors", ()) or ())
     return (out.detach() if isinstance(out, torch.Tensor) else out, [t.detach() for t in saved]), {}
