@@ -5,10 +5,11 @@ Graders of the distributed labs (01 all-reduce, 02 ZeRO) call::
     results = harness.toolkit.run_ranks(body, W, *args, impl=impl, timeout=20)
 
 The W ranks are W request loops of one sandboxed worker (``harness.sandbox``):
-they share the worker's private network namespace and /tmp, join a fresh
-``torch.distributed`` process group through a ``FileStore`` there (gloo on CPU
-over the private loopback; nccl with ``device="cuda"`` and at least W GPUs), and
-reach nothing else. Only values cross back (the wire format; never pickle).
+they share the worker's private network namespace and nothing else (each has its own
+``/tmp``, ``/dev/shm`` and System V IPC), join a fresh ``torch.distributed`` process
+group through a ``TCPStore`` rank 0 serves on the private loopback (gloo on CPU over
+the loopback; nccl with ``device="cuda"`` and at least W GPUs), and reach nothing
+else, so whatever they exchange crosses the loopback the grader measures. Only values cross back (the wire format; never pickle).
 
 ``body(rk, *args, **kwargs)`` is grader code and runs in the *trusted* process,
 one thread per rank, driving its rank through ``rk`` (a :class:`RankProxy`):
@@ -38,7 +39,6 @@ import atexit
 import contextlib
 import dataclasses
 import itertools
-import os
 import threading
 import time
 from pathlib import Path
@@ -359,7 +359,6 @@ def run(body: Callable, world_size: int, *args, impl, timeout: float = 30.0, dev
     sb.failed = None
     sb.begin_test()
     proxies = [RankProxy(group, r, world_size, device, backend) for r in range(world_size)]
-    store = f"pg-{os.getpid()}-{next(group.runs)}.store"
     pg_timeout = max(1.0, timeout - ERROR_GRACE_S - 1.0)  # gloo reports where it waited before we give up
     results: dict[int, Any] = {}
     errors: dict[int, BaseException] = {}
@@ -368,7 +367,7 @@ def run(body: Callable, world_size: int, *args, impl, timeout: float = 30.0, dev
     def drive(rk: RankProxy):
         try:
             _sb.run_probe("init_pg", on=rk.impl, rank=rk.rank, world_size=world_size, backend=backend,
-                          store_path=store, timeout_s=pg_timeout, what=f"rank {rk.rank}: joining the group")
+                          port=port, timeout_s=pg_timeout, what=f"rank {rk.rank}: joining the group")
             rk.note("running the test body")
             value = body(rk, *args, **kwargs)
             _sb.run_probe("destroy_pg", on=rk.impl, what=f"rank {rk.rank}: leaving the group")
@@ -377,6 +376,11 @@ def run(body: Callable, world_size: int, *args, impl, timeout: float = 30.0, dev
             errors[rk.rank] = e
             done.set()
 
+    try:  # the run's store, served by rank 0 (the ranks share no file system)
+        port = _sb.run_probe("store", on=proxies[0].impl, world_size=world_size, timeout_s=pg_timeout,
+                             what="rank 0: serving the group's store")[0]
+    except (WorkerTimeout, WorkerCrashed) as e:
+        raise RankError(f"W={world_size}: rank 0 could not serve the group's store: {e}") from None
     threads = [threading.Thread(target=drive, args=(rk,), daemon=True, name=f"labs-rank{rk.rank}")
                for rk in proxies]
     namespaced = bool(isolation.isolation_prefix())

@@ -38,7 +38,8 @@ import torch
 
 from ..impl import APIMismatch
 from . import isolation, wire
-from .outside import descendants, anon_shmem_bytes, ns_pid
+from . import cgroups, outside
+from .outside import descendants, ns_pid
 from .wire import Handle, WireError
 from ..errors import ExitCode, LabsError
 
@@ -162,7 +163,8 @@ class Worker:
         self.import_error: str | None = None
         self.generation = 0
         self.workdir: str | None = None
-        self.start_held: int | None = None  # the launcher's anonymous + shared bytes: a server's at its fork
+        self.groups: cgroups.WorkerGroups | None = None  # the worker's cgroups, where they can be made
+        self.figures: list[outside.Figures] = []  # per server: what the trusted side reads from outside
         self._log = None
         self._ctl: socket.socket | None = None
 
@@ -183,7 +185,10 @@ class Worker:
         # The control channel is a socket: the servers' pipes travel over it (SCM_RIGHTS) once the
         # launcher runs, so no process between us and it (unshare) holds a copy that would hide an EOF.
         ctl, ctl_child = socket.socketpair()
-        cmd = isolation.isolation_prefix() + [sys.executable, "-I", "-c", boot]
+        self.groups = cgroups.WorkerGroups.make(self.cfg.servers, pids=self.cfg.nproc,
+                                                memory_bytes=(self.cfg.memory_mb + 1024) * (self.cfg.servers + 1) << 20)
+        cmd = (self.groups.join_prefix() if self.groups else []) + isolation.isolation_prefix() + \
+            [sys.executable, "-I", "-c", boot]
         try:
             self.proc = subprocess.Popen(cmd, stdin=ctl_child.fileno(), stdout=ctl_child.fileno(), stderr=self._log,
                                          cwd=self.workdir, env=isolation.scrubbed_env(self.workdir),
@@ -221,6 +226,24 @@ class Worker:
             self.kill()
             raise SandboxStartError(str(reply.get("error", "the sandbox could not start"))[:4000])
         self.notes = [str(n)[:300] for n in reply.get("notes", [])][:20]
+        # each server says it forked; we move it into its cgroup, it makes its memory its own and says
+        # so; we read where it starts from; then it imports the submission and says ready
+        try:
+            for i, c in enumerate(self.channels):
+                c.pid = self._place(i, self._frame(c, deadline, "forked"))
+                wire.write_frame(c.req_w, {"op": "go"})
+            for c in self.channels:
+                self._frame(c, deadline, "private")
+            launcher = self._launcher_pid()
+            self.figures = [outside.Figures(c.pid, self.groups.servers[i] if self.groups else None, launcher,
+                                            [x.pid for x in self.channels]) for i, c in enumerate(self.channels)]
+            for c in self.channels:
+                wire.write_frame(c.req_w, {"op": "import"})
+        except (TimeoutError, EOFError, OSError, WireError, ValueError) as e:
+            tail = self.output_tail()
+            self.kill()
+            raise SandboxStartError(f"a server of the sandbox could not start ({type(e).__name__}: {e})"
+                                    + (f"; its output:\n{tail}" if tail else "")) from None
         for i, c in enumerate(self.channels):
             try:
                 ready, _ = c.reader.read_frame(deadline, max_bytes=0)
@@ -237,21 +260,44 @@ class Worker:
             if not ready.get("ok"):
                 self.import_error = str(ready.get("error", "import failed"))[:4000]
                 return
-        self._find_pids()
 
-    def _find_pids(self) -> None:
-        """Host pids of the servers (for /proc figures), matched by their order of creation."""
-        if self.proc is None:
-            return
-        kids = sorted(descendants(self.proc.pid))
-        launcher = [k for k in kids if ns_pid(k) in (1, None)] if isolation.isolation_prefix() else [self.proc.pid]
-        servers = [k for k in kids if k not in launcher]
-        servers.sort(key=lambda k: ns_pid(k) or k)
-        for c, pid in zip(self.channels, servers):
-            c.pid = pid
-        # the servers were forked from the launcher before importing the submission: what they
-        # hold beyond its resident memory came after (the submission's import, its calls)
-        self.start_held = anon_shmem_bytes(launcher[0]) if launcher and servers else None
+    @staticmethod
+    def _frame(c: "_Channel", deadline: float, key: str) -> dict:
+        """The next start-up frame of a server, which must carry ``key`` (before the submission is
+        imported: anything else is an infrastructure failure)."""
+        frame, _ = c.reader.read_frame(deadline, max_bytes=0)
+        if "infra" in frame:
+            raise ValueError(str(frame["infra"])[:2000])
+        if key not in frame:
+            raise ValueError(f"expected {key!r}, got {sorted(frame)[:5]}")
+        return frame
+
+    def _launcher_pid(self) -> int:
+        """The launcher's host pid (the child of ``unshare`` that is pid 1 of the new namespace)."""
+        if isolation.isolation_prefix():
+            found = [k for k in descendants(self.proc.pid) if ns_pid(k) == 1]
+            if found:
+                return found[0]
+        return self.proc.pid
+
+    def _place(self, i: int, frame: dict) -> int:
+        """The host pid of server ``i`` (it reported its pid in its own namespace), moved into its
+        cgroup before it runs a line of the submission."""
+        theirs = frame.get("forked")
+        if not isinstance(theirs, int):
+            raise ValueError("a malformed forked frame")
+        if isolation.isolation_prefix():
+            found = [k for k in descendants(self.proc.pid) if ns_pid(k) == theirs]
+            if len(found) != 1:
+                raise ValueError(f"server {i} (pid {theirs} in its namespace) not found among the worker's processes")
+            pid = found[0]
+        else:
+            pid = theirs
+            if pid not in descendants(self.proc.pid):
+                raise ValueError(f"server {i} (pid {pid}) is not a process of this worker")
+        if self.groups is not None:
+            self.groups.servers[i].add(pid)
+        return pid
 
     @property
     def alive(self) -> bool:
@@ -267,6 +313,9 @@ class Worker:
         if proc is not None:
             with contextlib.suppress(ProcessLookupError, PermissionError, OSError):
                 os.killpg(proc.pid, signal.SIGKILL)
+        groups = self.groups
+        if groups is not None:  # what left the process group (setsid) is still in the cgroup
+            groups.worker.kill(timeout_s=2.0)
 
     def kill(self) -> None:
         if self.proc is not None:
@@ -279,7 +328,12 @@ class Worker:
             drop = isolation.worker_uid()
             if drop and drop[2] != "nobody" and not isolation.isolation_prefix():
                 isolation.kill_all_of_uid(drop[0])  # a dedicated uid: leftovers (setsid daemons) die too
+                isolation.remove_ipc_of_uid(drop[0])  # and the System V objects it made (no IPC namespace)
         self.proc = None
+        if self.groups is not None:  # whatever is left in the worker's cgroups dies, and they go
+            self.groups.remove()
+            self.groups = None
+        self.figures = []
         if self._ctl is not None:
             with contextlib.suppress(OSError):
                 self._ctl.close()
