@@ -1,14 +1,16 @@
 """Hidden graders of lab 07, data parallelism from scratch (the DDP contract).
 
 Each case builds the trusted model (``TrainNet``: linear layers, tanh between, a
-``scale`` buffer) on W spawned gloo ranks, every rank from its own weights, wraps it
-in the submission's ``DDP`` and runs training steps there (``rk.backward``: forward,
-backward with the grader's ``grad_output``, plain SGD on the model). Rank r's loss is
-``sum(out_r * g_r)`` with ``g_r`` the mean-over-batch gradient, so the average over
-the ranks is the loss of the concatenated batch. The parent replays every step in
-float64 from rank 0's initial weights (its own functional forward, not the model)
-and compares gradients after each backward and parameters after each step (float32
-and float64 layers: atol 1e-6, rtol 0).
+``scale`` buffer) on W spawned gloo ranks, wraps it in the submission's ``DDP`` and runs
+training steps there (``rk.backward``: forward, backward with the grader's
+``grad_output``, plain SGD on the model). Every training case starts the ranks from the
+same weights (rank 0's), so a missing or wrong construction broadcast costs the broadcast
+test only; that test alone starts each rank from its own weights and buffer. Rank r's
+loss is ``sum(out_r * g_r)`` with ``g_r`` the mean-over-batch gradient, so the average
+over the ranks is the loss of the concatenated batch. The parent replays every step in
+float64 from rank 0's initial weights (its own functional forward, not the model) and
+compares gradients after each backward and parameters after each step (float32 and
+float64 layers: atol 1e-6, rtol 0).
 
 The communication counter records, in order, each gradient's ``ready`` event (a
 post-accumulate-grad hook of the model, registered before the DDP's own), every
@@ -23,7 +25,8 @@ import math
 import pytest
 import torch
 
-from harness.toolkit import assert_close, imported_names, is_instance, run_ranks, source, timed, train_net
+from harness.toolkit import (RankError, RankTimeout, assert_close, imported_names, is_instance, run_ranks, source,
+                             timed, train_net)
 
 T = 60.0
 T_HANG = 25.0  # the unused-parameter cases: an honest run takes ~1 s; a DDP that never launches a bucket hangs
@@ -60,8 +63,8 @@ def trainable(spec):
 
 
 def init_state(seed, spec, rank):
-    """Rank ``rank``'s initial state dict: its own weights and ``scale`` buffer (the DDP
-    must replace them with rank 0's)."""
+    """Rank ``rank``'s own initial state dict: weights and ``scale`` buffer (the broadcast
+    test starts each rank from its own; every other case starts all ranks from rank 0's)."""
     g = torch.Generator().manual_seed((seed * 31 + rank * 7 + 1) % 2**63)
     state = {}
     for L in spec["layers"]:
@@ -95,12 +98,12 @@ def expected_buckets(spec, cap_mb):
     return buckets
 
 
-def body_train(rk, seed, spec, cap, plan, groups=None):
-    """Drives one rank: builds the model from this rank's own state, wraps it (under the
-    counter; in this rank's group of ``groups`` if given), then one backward per entry of
-    ``plan`` (``{"no_sync": bool, "skip": {rank: [layer names]}}``); SGD after every
-    synchronised backward."""
-    model = rk.build_model(spec, init_state(seed, spec, rk.rank))
+def body_train(rk, seed, spec, cap, plan, groups=None, own_start=False):
+    """Drives one rank: builds the model from rank 0's state (``own_start``: from this
+    rank's own, for the broadcast test), wraps it (under the counter; in this rank's group
+    of ``groups`` if given), then one backward per entry of ``plan`` (``{"no_sync": bool,
+    "skip": {rank: [layer names]}}``); SGD after every synchronised backward."""
+    model = rk.build_model(spec, init_state(seed, spec, rk.rank if own_start else 0))
     group = None
     if groups is not None:
         group = next(g for g in rk.new_groups(groups) if g is not None)
@@ -118,8 +121,8 @@ def body_train(rk, seed, spec, cap, plan, groups=None):
     return out
 
 
-def train(impl, seed, W, spec=MLP, cap=25.0, plan=({},) * 3, groups=None, timeout=T):
-    return run_ranks(body_train, W, seed, spec, cap, list(plan), groups, impl=impl, timeout=timeout)
+def train(impl, seed, W, spec=MLP, cap=25.0, plan=({},) * 3, groups=None, timeout=T, own_start=False):
+    return run_ranks(body_train, W, seed, spec, cap, list(plan), groups, own_start, impl=impl, timeout=timeout)
 
 
 # ----------------------------------------------------------------------------- the oracle
@@ -131,11 +134,12 @@ def forward64(params, state, spec, x, skip):
 
 def oracle(seed, spec, W, plan, ranks=None):
     """Per step: the averaged gradients after a synchronised backward (None where no rank
-    produced one), each rank's local accumulated gradients after a ``no_sync`` one, and the
-    parameters after the step, all from the first rank's initial state, in float64.
-    ``ranks``: the global ranks of the group (default ``0..W-1``)."""
+    produced one) with each rank's own local gradients (``own``), each rank's local
+    accumulated gradients after a ``no_sync`` one, and the parameters after the step, all
+    from rank 0's initial state (every training case starts there), in float64.
+    ``ranks``: the global ranks of the group (default ``0..W-1``; they draw the batches)."""
     ranks = list(range(W)) if ranks is None else ranks
-    state = init_state(seed, spec, ranks[0])
+    state = init_state(seed, spec, 0)
     names = [n for n, _, _ in trainable(spec)]
     params = {n: state[n].double().clone().requires_grad_(True) for n in names}
     local = [{n: None for n in names} for _ in range(W)]  # each rank's .grad
@@ -161,12 +165,16 @@ def oracle(seed, spec, W, plan, ranks=None):
             for n in names:
                 if avg[n] is not None:
                     params[n] -= LR * avg[n]
-        steps.append({"grads": avg, "params": {n: t.detach().clone() for n, t in params.items()}})
+        steps.append({"grads": avg, "own": [dict(d) for d in local],
+                      "params": {n: t.detach().clone() for n, t in params.items()}})
         local = [{n: None for n in names} for _ in range(W)]
     return steps
 
 
-def check_grads(res, want, W, step, rank, what="gradient"):
+def check_grads(res, want, W, step, rank, what="gradient", own=None, world=None):
+    """``want``: the gradients expected on this rank; ``own``: this rank's local gradients
+    (after a synchronised backward), to name a DDP that left them unaveraged; ``world``: the
+    world's size where the group is smaller, to name a DDP that divides by it."""
     for n, w in want.items():
         g = res["grads"].get(n)
         case = f"W={W}, step {step}, rank {rank}, {n}"
@@ -179,6 +187,17 @@ def check_grads(res, want, W, step, rank, what="gradient"):
                 g.double(), w, atol=ATOL, rtol=0):
             raise AssertionError(f"{what} of {n} is W={W} times the average ({case}): the gradients are summed, "
                                  "not averaged (divide the all-reduced sum by the group's size)")
+        if world and world != W and torch.allclose(g.double(), w * W / world, atol=ATOL, rtol=0) and \
+                not torch.allclose(g.double(), w, atol=ATOL, rtol=0):
+            raise AssertionError(f"{what} of {n} is the group's sum divided by the world's size ({world}), not the "
+                                 f"group's ({W}) ({case}): W = dist.get_world_size(group)")
+        mine = (own or {}).get(n)
+        if W > 1 and mine is not None and torch.allclose(g.double(), mine, atol=ATOL, rtol=0) and not torch.allclose(
+                g.double(), w, atol=ATOL, rtol=0):
+            raise AssertionError(f"the gradients were not averaged: {n}.grad is this rank's own local gradient "
+                                 f"after backward ({case}). All-reduce the gradients and write the average back "
+                                 "into p.grad (a post-accumulate-grad hook is called with the parameter, not its "
+                                 "gradient: read p.grad)")
         assert_close(g, w, atol=ATOL, rtol=0, what=f"{what} of {n}", case=case)
 
 
@@ -188,14 +207,14 @@ def check_params(res, want, W, step, rank):
                      f"W={W}, step {step}, rank {rank}")
 
 
-def check_training(results, seed, spec, W, plan, ranks=None):
+def check_training(results, seed, spec, W, plan, ranks=None, world=None):
     want = oracle(seed, spec, W, plan, ranks)
-    for rank, res in zip(ranks or range(W), results):
+    for i, (rank, res) in enumerate(zip(ranks or range(W), results)):
         for step, (r, w) in enumerate(zip(res["steps"], want)):
             if "local" in w:
-                check_grads(r, w["local"][rank], W, step, rank, what="local gradient under no_sync()")
+                check_grads(r, w["local"][i], W, step, rank, what="local gradient under no_sync()")
             else:
-                check_grads(r, w["grads"], W, step, rank)
+                check_grads(r, w["grads"], W, step, rank, own=w["own"][i], world=world)
             check_params(r, w["params"], W, step, rank)
 
 
@@ -206,8 +225,9 @@ def launches(events):
 
 
 def check_once_per_bucket(step, buckets, spec, W, rank, step_no):
-    """One async collective per bucket, in index order, with exactly the bucket's elements in
-    its dtype; nothing before forward ends, no point-to-point ops."""
+    """One collective per bucket, in index order, with exactly the bucket's elements in its
+    dtype; nothing before forward ends, no point-to-point ops. (Whether it is asynchronous
+    is overlap, graded by ``check_overlap``.)"""
     case = f"W={W}, rank {rank}, backward {step_no}"
     ev = step["events"]
     p2p = [e["k"] for e in ev if e["k"] in ("send", "recv")]
@@ -236,22 +256,24 @@ def check_once_per_bucket(step, buckets, spec, W, rank, step_no):
         assert e.get("dtype") == dims[b[0]][1], (
             f"{case}: bucket {i} ({b[0]}, ...) is {dims[b[0]][1]} but was sent as {e.get('dtype')}: each element in "
             "its own dtype")
-        assert e.get("async_op"), f"{case}: bucket {i} was sent with a blocking call: use async_op=True and wait " \
-                                  "at the end of backward"
 
 
-def check_overlap(step, buckets, W, rank, step_no, skip=()):
-    """Bucket i is launched before the next gradient is ready once buckets 0..i are complete;
-    no wait happens before the last gradient is ready. Every parameter of a layer not in
-    ``skip`` must report its gradient ready (the model's own hooks, registered first: a DDP
-    that removes them, or replaces the parameters, is refused here)."""
+def check_overlap(step, buckets, W, rank, step_no):
+    """Overlap: every launch is asynchronous; bucket i is launched before the next gradient
+    is ready once buckets 0..i are complete; no wait happens before the last gradient is
+    ready. Every parameter must report its gradient ready (the model's own hooks, registered
+    first: a DDP that removes them, or replaces the parameters, is refused here)."""
     case = f"W={W}, rank {rank}, backward {step_no}"
     ev = step["events"]
+    blocking = next((i for i, e in enumerate(launches(ev)) if not e.get("async_op")), None)
+    assert blocking is None, (
+        f"{case}: no overlap: bucket {blocking} was sent with a blocking call (async_op=False blocks backward until "
+        "the bytes have arrived): launch with async_op=True and wait at the end of backward")
     ready_at = {}
     for i, e in enumerate(ev):
         if e["k"] == "ready":
             ready_at.setdefault(e["p"], i)
-    silent = [n for b in buckets for n in b if n.split(".")[1] not in skip and n not in ready_at]
+    silent = [n for b in buckets for n in b if n not in ready_at]
     assert not silent, (f"{case}: the model's gradient-ready hooks did not fire for {', '.join(silent[:3])}: the DDP "
                         "removed the model's hooks or replaced its parameters (keep the same Parameter objects, "
                         "register your hooks beside the existing ones)")
@@ -276,8 +298,8 @@ def check_overlap(step, buckets, W, rank, step_no, skip=()):
                                  f"gradient of {first} (a later bucket) became ready before it was launched ({hint})")
     waits = [i for i, e in enumerate(ev) if e["k"] == "wait"]
     assert not waits or waits[0] > last_ready, (
-        f"{case}: a hook waited on a collective before backward's last gradient was ready (Work.wait inside the "
-        "hook serialises communication and compute): wait only in the end-of-backward callback")
+        f"{case}: no overlap: a hook waited on a collective before backward's last gradient was ready (Work.wait "
+        "inside the hook blocks backward until the bytes have arrived): wait only in the end-of-backward callback")
 
 
 # ----------------------------------------------------------------------------- Part A
@@ -292,22 +314,31 @@ def test_matches_single_process_training_on_the_concatenated_batch(W, impl, seed
 
 @pytest.mark.part("A")
 @pytest.mark.points(2)
-@pytest.mark.parametrize("W", [2, 3], ids=lambda w: f"W{w}")
-def test_ranks_start_from_rank_0_parameters_and_buffers(W, impl, seed):
-    results = train(impl, seed, W, WIDE, cap=25.0, plan=[])
-    want = init_state(seed, WIDE, 0)
-    for rank, res in enumerate(results):
-        w = res["wraps"]
-        assert w["module"], f"rank {rank}: ddp.module is not the wrapped module (a registered submodule, the same object)"
-        assert w["same_params"] and w["same_buffers"], (
-            f"rank {rank}: the wrapped module's parameters or buffers were replaced by new objects: overwrite them in "
-            "place (an optimizer built before wrapping must stay valid)")
-        for k, w in want.items():
-            got = res["state0"][k]
-            if rank and torch.equal(got, init_state(seed, WIDE, rank)[k]):
-                raise AssertionError(f"rank {rank}'s {k} is its own after construction: broadcast every parameter "
-                                     "and buffer from rank 0 of the group (in place)")
-            assert_close(got, w, atol=0, rtol=0, what=f"{k} after construction", case=f"W={W}, rank {rank}")
+@pytest.mark.parametrize("W, groups", [(2, None), (4, [[0, 1], [2, 3]])], ids=["W2", "W4-two-groups"])
+def test_ranks_start_from_rank_0_parameters_and_buffers(W, groups, impl, seed):
+    """The only case whose ranks start from their own weights and buffer: after construction
+    every rank holds its group's rank 0's (the frozen layer's and the buffer too)."""
+    results = train(impl, seed, W, WIDE, cap=25.0, plan=[], groups=groups, own_start=True)
+    for members in groups or [list(range(W))]:
+        want = init_state(seed, WIDE, members[0])
+        for rank in members:
+            res, case = results[rank], f"W={W}, rank {rank}" + (f" in group {members}" if groups else "")
+            w = res["wraps"]
+            assert w["module"], f"{case}: ddp.module is not the wrapped module (a registered submodule, the same " \
+                                "object)"
+            assert w["same_params"] and w["same_buffers"], (
+                f"{case}: the wrapped module's parameters or buffers were replaced by new objects: overwrite them in "
+                "place (an optimizer built before wrapping must stay valid)")
+            for k, w in want.items():
+                got = res["state0"][k]
+                what = "buffer" if k == "scale" else "parameter"
+                if rank != members[0] and torch.equal(got, init_state(seed, WIDE, rank)[k]):
+                    raise AssertionError(f"{case}: the {what} {k} is this rank's own after construction: broadcast "
+                                         "every parameter and buffer from rank 0 of the group (in place)")
+                if members[0] != 0 and torch.equal(got, init_state(seed, WIDE, 0)[k]):
+                    raise AssertionError(f"{case}: the {what} {k} is world rank 0's after construction: broadcast "
+                                         "from rank 0 of the group (group_src=0, group=group), not of the world")
+                assert_close(got, w, atol=0, rtol=0, what=f"{what} {k} after construction", case=case)
 
 
 @pytest.mark.part("A")
@@ -320,15 +351,16 @@ def test_mixed_dtypes_frozen_layer_and_several_buckets(W, impl, seed):
 @pytest.mark.part("A")
 @pytest.mark.points(2)
 def test_group_is_honoured(impl, seed):
-    """W=4 split into groups {0, 1} and {2, 3}: each trains on its own, from its first rank's weights."""
+    """W=4 split into groups {0, 1} and {2, 3}: each trains on its own batches (every rank
+    starts from the same weights: the group's broadcast is graded by the broadcast test)."""
     groups = [[0, 1], [2, 3]]
     results = train(impl, seed, 4, MLP, cap=0.0005, plan=[{}] * 2, groups=groups)
     for members in groups:
         try:
-            check_training([results[r] for r in members], seed, MLP, 2, [{}] * 2, ranks=members)
+            check_training([results[r] for r in members], seed, MLP, 2, [{}] * 2, ranks=members, world=4)
         except AssertionError as e:
-            raise AssertionError(f"group {members} of W=4: {e} (broadcast from the group's rank 0, all-reduce "
-                                 "on the group, divide by the group's size)") from None
+            raise AssertionError(f"group {members} of W=4: {e} (all-reduce on the group, divide by the "
+                                 "group's size)") from None
 
 
 def body_validation(rk, caps):
@@ -343,16 +375,22 @@ def body_validation(rk, caps):
     return out
 
 
+# each refused cap beside its valid neighbour (the same call, the cap made valid)
+BAD_CAPS = [(-1.0, 1.0), (float("nan"), float("inf")), (-1e-9, 0.0)]
+
+
 @pytest.mark.part("A")
 def test_bad_bucket_cap_raises_value_error(impl):
-    caps = [-1.0, float("nan"), -1e-9]
-    got = run_ranks(body_validation, 1, caps, impl=impl, timeout=T)[0]
-    for cap, g in zip(caps, got):
-        assert g == "ValueError", f"DDP(module, bucket_cap_mb={cap}): {g}, expected ValueError (a number >= 0)"
+    """A refusal earns credit only where the valid neighbour is accepted."""
+    got = run_ranks(body_validation, 1, [c for pair in BAD_CAPS for c in pair], impl=impl, timeout=T)[0]
+    for (bad, good), g_bad, g_good in zip(BAD_CAPS, got[::2], got[1::2]):
+        assert g_good == "no error", f"DDP(module, bucket_cap_mb={good}) raised {g_good}: a number >= 0 is a valid " \
+                                     "cap (MiB)"
+        assert g_bad == "ValueError", f"DDP(module, bucket_cap_mb={bad}): {g_bad}, expected ValueError (a number >= 0)"
 
 
 def body_forward(rk, seed):
-    model = rk.build_model(MLP, init_state(seed, MLP, rk.rank))
+    model = rk.build_model(MLP, init_state(seed, MLP, 0))  # every rank the same: the broadcast is graded elsewhere
     ddp = rk.call(rk.impl.DDP, model, forbid=FORBID).out
     x, _ = batch(seed, rk.rank, 9, MLP)
     c = rk.call(ddp, x, forbid=FORBID)
@@ -421,6 +459,10 @@ def test_bucket_partition_reverse_order_cap_and_dtype(impl):
             raise AssertionError(f"bucket {mixed} mixes float32 and float64 gradients ({label}): a parameter of "
                                  "another dtype closes the bucket and opens a new one (each element is sent in its "
                                  "own dtype)")
+        if [set(b) for b in g] != [set(b) for b in want] and \
+                [set(b) for b in g] == [set(b) for b in expected_buckets(WIDE, cap * 10**6 / 2**20)]:
+            raise AssertionError(f"the cap is read in megabytes (10**6 bytes), not MiB ({label}): bucket_cap_mb="
+                                 f"{cap!r} is {cap * 2**20:g} bytes (2**20 bytes per MiB)")
         if [sorted(b) for b in g] == [sorted(b) for b in reversed(want)] and len(want) > 1:
             raise AssertionError(f"buckets in forward order ({label}): the contract builds them in reverse "
                                  "module.parameters() order (backward produces the last layers' gradients first)")
@@ -433,7 +475,7 @@ def test_bucket_partition_reverse_order_cap_and_dtype(impl):
 @pytest.mark.part("B")
 @pytest.mark.points(3)
 @pytest.mark.parametrize("W, cap", [(2, 0.0), (3, 0.0005), (2, 25.0)], ids=["W2-cap0", "W3-cap512B", "W2-one-bucket"])
-def test_one_async_collective_per_bucket_each_element_once(W, cap, impl, seed):
+def test_one_collective_per_bucket_each_element_once(W, cap, impl, seed):
     results = train(impl, seed, W, WIDE, cap=cap, plan=[{}] * 2)
     want = expected_buckets(WIDE, cap)
     for rank, res in enumerate(results):
@@ -466,13 +508,27 @@ def test_no_sync_sends_nothing_and_the_next_backward_averages_the_sum(W, impl, s
     results = train(impl, seed, W, MLP, cap=0.0005, plan=NO_SYNC)
     for rank, res in enumerate(results):
         for i, (p, step) in enumerate(zip(NO_SYNC, res["steps"])):
-            if not p.get("no_sync"):
-                check_overlap(step, expected_buckets(MLP, 0.0005), W, rank, i)
             if p.get("no_sync"):
                 sent = launches(step["events"]) or [e for e in step["events"] if e["k"] in ("send", "recv")]
                 assert not sent, f"W={W}, rank {rank}, backward {i}: inside no_sync() the DDP communicated " \
                                  f"({sent[0].get('op', sent[0]['k'])}): accumulate locally, send nothing"
     check_training(results, seed, MLP, W, NO_SYNC)
+
+
+def train_unused(impl, seed, W, cap, plan):
+    """``train`` on WIDE with layers skipped. A hang there, or ranks whose collectives no longer
+    pair up (gloo: "collective mismatch", a size that does not match), is the unused-parameter
+    fault: some rank never launched a bucket the others launched."""
+    try:
+        return train(impl, seed, W, WIDE, cap=cap, plan=plan, timeout=T_HANG)
+    except (RankTimeout, RankError) as e:
+        if isinstance(e, RankError) and not any(k in str(e) for k in ("collective mismatch", "doesn't match")):
+            raise
+        raise AssertionError(f"the ranks' collectives fell out of step with unused parameters (W={W}, bucket_cap_mb="
+                             f"{cap:g}; a hang, or one rank's bucket met another's next one): a bucket "
+                             "holding a parameter that got no gradient on some rank was never launched there (at the "
+                             "end of backward, launch every bucket still waiting, in order, with zeros for None "
+                             f"gradients)\n{e}") from None
 
 
 UNUSED = [{"skip": {0: ["b"]}}, {"skip": {1: ["b", "c"]}}, {"skip": {r: ["c"] for r in range(4)}}, {}]
@@ -482,12 +538,11 @@ UNUSED = [{"skip": {0: ["b"]}}, {"skip": {1: ["b", "c"]}}, {"skip": {r: ["c"] fo
 @pytest.mark.points(2)
 @pytest.mark.parametrize("W, cap", [(2, 0.0), (3, 0.0005), (2, 25.0)], ids=["W2-cap0", "W3-cap512B", "W2-one-bucket"])
 def test_unused_parameters_complete_without_a_hang(W, cap, impl, seed):
-    results = train(impl, seed, W, WIDE, cap=cap, plan=UNUSED, timeout=T_HANG)
+    results = train_unused(impl, seed, W, cap, UNUSED)
     want = expected_buckets(WIDE, cap)
     for rank, res in enumerate(results):
         for i, step in enumerate(res["steps"]):
             check_once_per_bucket(step, want, WIDE, W, rank, i)
-            check_overlap(step, want, W, rank, i, skip=UNUSED[i].get("skip", {}).get(rank, []))
     check_training(results, seed, WIDE, W, UNUSED)
 
 
@@ -497,7 +552,7 @@ ACCUMULATED = [{"no_sync": True}, {"skip": {1: ["b"]}}, {"no_sync": True, "skip"
 @pytest.mark.part("C")
 @pytest.mark.parametrize("W", [2, 3], ids=lambda w: f"W{w}")
 def test_an_unused_parameter_contributes_its_accumulated_gradient(W, impl, seed):
-    results = train(impl, seed, W, WIDE, cap=0.0005, plan=ACCUMULATED, timeout=T_HANG)
+    results = train_unused(impl, seed, W, 0.0005, ACCUMULATED)
     check_training(results, seed, WIDE, W, ACCUMULATED)
 
 

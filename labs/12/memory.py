@@ -56,7 +56,8 @@ def checkpoint(fn, *args):
 
 def checkpoint_sequential(blocks, segments: int, x: torch.Tensor) -> torch.Tensor:
     """Apply ``blocks`` (a sequence of n modules or callables, each keeping x's shape) to ``x``
-    in ``segments`` segments: segment i holds blocks ``[i*n//segments, (i+1)*n//segments)``;
+    in ``segments`` segments: segment i holds blocks ``[i*n//segments, (i+1)*n//segments)``
+    (not torch's ``n//segments`` each with the remainder in the last);
     every segment but the last runs through :func:`checkpoint` (only its input is kept), the
     last runs plainly (backward needs its activations at once).
     Forward calls each block once; backward recomputes each block outside the last segment once.
@@ -102,7 +103,8 @@ class DynamicLossScaler:
     def update(self) -> None:
         """Once per iteration, after ``step``: after a skipped step multiply the scale by
         ``backoff_factor`` and restart the count of clean steps; after ``growth_interval`` clean
-        steps in a row multiply it by ``growth_factor`` (and restart the count)."""
+        steps in a row multiply it by ``growth_factor`` (and restart the count). No floor: the
+        scale may go below 1."""
         raise NotImplementedError("Part C: back off after an overflow, grow after growth_interval clean steps")
 
 
@@ -115,6 +117,7 @@ def train_step(model, batch, loss_fn, optimizer, scaler, dtype=torch.float16) ->
     ``scaler.step(optimizer)``, ``scaler.update()``. ``scaler`` is any object with that
     interface (yours, or the graders' wrapper of ``torch.amp.GradScaler``). The parameters stay
     float32 (master weights); on overflow they and the optimizer state are unchanged and the
-    scale backs off. Returns the unscaled loss, detached, a 0-dim float32 tensor.
+    scale backs off. Returns the unscaled loss (the forward's ``loss``, not the scaled loss
+    divided by the scale read after ``update()``), detached, a 0-dim float32 tensor.
     Raises TypeError unless ``dtype`` is ``torch.float16`` or ``torch.bfloat16``."""
     raise NotImplementedError("Part C: zero_grad, forward under autocast, scaled backward, scaler step and update")

@@ -139,6 +139,18 @@ def test_scaler_follows_grad_scaler(impl):
 
 
 @pytest.mark.part("C")
+def test_scaler_grows_again_after_each_growth_interval(impl):
+    """Clean steps only: the scale grows after every growth_interval clean steps in a row, again and again."""
+    kw = dict(init_scale=2.0 ** 5, growth_interval=2)
+    scales = []
+    for scaler in (impl.DynamicLossScaler(**kw), torch.amp.GradScaler("cpu", **kw)):
+        scales.append([drive(scaler, [torch.tensor([0.5, -1.5])])[2] for _ in range(6)])
+    assert scales[0] == scales[1], \
+        f"scale after each clean step {scales[0]}, GradScaler's {scales[1]}: after growing, the count of clean steps " \
+        "restarts from 0 (growth counter not reset after growth?)"
+
+
+@pytest.mark.part("C")
 def test_scaler_bad_arguments_and_second_unscale(impl):
     expect_raises(ValueError, "DynamicLossScaler(init_scale=0)", impl.DynamicLossScaler, init_scale=0.0)
     expect_raises(ValueError, "DynamicLossScaler(growth_factor=1)", impl.DynamicLossScaler, growth_factor=1.0)

@@ -3,5 +3,6 @@ autocast(bfloat16) is recomputed in float32 (and a plain forward recomputed in f
 autocast), so the recomputed graph is not the forward's.
 Caught by: test_checkpoint_recomputes_under_the_forwards_autocast ("autocast state not restored in backward")."""
 SELECT = 'test_checkpoint_recomputes_under_the_forwards_autocast and forward-bf16'
+MESSAGE = 'autocast state not restored in backward'
 MUTATE = [("            with torch.enable_grad(), _autocast_as(ctx.autocast):\n",
            "            with torch.enable_grad():\n")]

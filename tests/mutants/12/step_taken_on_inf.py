@@ -2,5 +2,6 @@
 and the momentum buffers become inf/NaN.
 Caught by: test_scaler_skipped_step_changes_neither_parameters_nor_optimizer_state ("step taken on inf")."""
 SELECT = 'test_scaler_skipped_step_changes_neither_parameters_nor_optimizer_state'
+MESSAGE = 'step taken on inf'
 MUTATE = [("        if self._skipped:\n            return False\n        optimizer.step()\n        return True\n",
            "        optimizer.step()\n        return not self._skipped\n")]

@@ -2,4 +2,5 @@
 or stale values), so the updates are wrong from the first step on.
 Caught by: test_train_step_matches_a_float64_reference ("each step starts from optimizer.zero_grad")."""
 SELECT = 'test_train_step_matches_a_float64_reference and cross_entropy-fp16'
+MESSAGE = 'zero_grad missing?'
 MUTATE = [("    optimizer.zero_grad(set_to_none=True)\n    with torch.autocast", "    with torch.autocast")]

@@ -3,7 +3,7 @@ once at construction and reused every backward; a gradient is copied into its sl
 hook fires, the full buffer is all-reduced in place, and the averaged slots are copied back.
 No new buffer per step, the same launches in the same order: it must lose no point."""
 MAY_FAIL = []
-SELECT = ("matches_single_process or mixed_dtypes or one_async or launched_during or no_sync "
+SELECT = ("matches_single_process or mixed_dtypes or one_collective or launched_during or no_sync "
           "or accumulated_gradient or unused_parameters")
 MUTATE = [
     ("        self._sync = True\n        self._reset()\n",

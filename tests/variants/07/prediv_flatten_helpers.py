@@ -4,7 +4,7 @@
 divided sum only in rounding (within the contract's float32 atol 1e-6), and nothing else
 changes: it must lose no point (bucket order, overlap, the one collective per bucket)."""
 MAY_FAIL = []
-SELECT = ("matches_single_process or mixed_dtypes or one_async or launched_during or no_sync "
+SELECT = ("matches_single_process or mixed_dtypes or one_collective or launched_during or no_sync "
           "or accumulated_gradient")
 MUTATE = [
     ("        flat = torch.cat([(p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1) for p in ps])\n",
