@@ -282,6 +282,8 @@ class WorkerGroups:
         groups = cls(hier, servers)
         try:
             groups.worker.create()
+            if hier.version == 2:  # its children get the controllers (it holds no process itself)
+                (hier.bases[""] / groups.worker.rel / "cgroup.subtree_control").write_text("+memory +pids +cpu")
             groups.worker.set_limits(pids=pids, memory_bytes=memory_bytes)
             for g in [groups.launcher, *groups.servers]:
                 g.create()
