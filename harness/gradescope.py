@@ -70,6 +70,17 @@ LOCK=""
 $PIP install $LOCK --index-url {torch_index} --extra-index-url https://pypi.org/simple "torch=={torch}"
 $PIP install $LOCK "/autograder/source{extras}"
 /autograder/venv/bin/python -m harness --course /autograder/source list
+# the installed harness's grader-side modules (oracles, testing, grading, front ends): root only; the
+# sandboxed worker imports a staged copy of its own side (harness/sandbox/isolation.py, worker_files())
+/autograder/venv/bin/python - <<'PY'
+import os, harness
+from harness.sandbox.isolation import worker_files
+top, keep = os.path.dirname(harness.__file__), set(worker_files())
+for root, _, files in os.walk(top):
+    for f in files:
+        if os.path.relpath(os.path.join(root, f), top) not in keep:
+            os.chmod(os.path.join(root, f), 0o600)
+PY
 """
 
 RUN_AUTOGRADER = """\
@@ -88,6 +99,9 @@ if [ -z "${{LABS_PYTHON:-}}" ]; then
 fi
 export PYTHONPATH="$SRC${{PYTHONPATH:+:$PYTHONPATH}}" LABS_PROGRESS=off
 mkdir -p "$RESULTS"
+# 0. the hidden graders and the course are root's alone before any student code runs: a worker that
+# could read them (no namespaces here) refuses to start, and the run reports an infrastructure failure
+chmod -R go= "$SRC"
 # 1. grade the upload with the hidden graders (the Gradescope container is the sandbox);
 # `labs grade` finds the module by the one rule (harness.impl.locate): labs/NN/, NN/, the
 # top level, else the only shallowest one anywhere
