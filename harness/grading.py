@@ -32,7 +32,6 @@ import io
 import json
 import os
 import secrets
-import signal
 import stat
 import subprocess
 import sys
@@ -42,7 +41,7 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from . import container, impl as _impl, manifest as _manifest
+from . import container, forkserver, impl as _impl, manifest as _manifest
 from .errors import GradingError, InfraFailure  # noqa: F401  (grading.GradingError: part of this module's API)
 from .manifest import Course, Lab
 
@@ -308,30 +307,25 @@ def run(course: Course, lab: Lab, impl_root: Path, results: Path, seed: int,
         raise ValueError(f"sandbox must be one of {', '.join(SANDBOXES)}, got {sandbox!r}")
     graders = graders_of(course, lab)
     timeout_s = timeout_s or lab.limits.timeout_s
-    cmd = [sys.executable, "-m", "pytest", str(graders), "--impl", str(impl_root), "--sandbox", "worker",
-           "--labs-results", str(results), "--rootdir", str(course.root), "-q", "-p", "no:cacheprovider",
-           "-o", "addopts=--import-mode=importlib", f"--timeout={lab.limits.test_timeout_s}"]
+    argv = [str(graders), "--impl", str(impl_root), "--sandbox", "worker", "--labs-results", str(results),
+            "--rootdir", str(course.root), "-q", "-p", "no:cacheprovider", "-o", "addopts=--import-mode=importlib",
+            f"--timeout={lab.limits.test_timeout_s}"]
     if select is not None:
-        cmd += ["-k", select]
+        argv += ["-k", select]
     env = {**os.environ, "PYTHONDONTWRITEBYTECODE": "1", "LABS_COURSE": str(course.root), "LABS_SEED": str(seed)}
-    proc = subprocess.Popen(cmd, cwd=course.root, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            text=True, start_new_session=True, preexec_fn=_die_with_parent)
+    returncode, out, timed_out = forkserver.run(argv, cwd=course.root, env=env, timeout=timeout_s)
     note = stopped = ""
-    try:
-        out, _ = proc.communicate(timeout=timeout_s)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        out, _ = proc.communicate()
+    if timed_out:
         note = stopped = f"the grader run exceeded its {timeout_s:.0f} s limit and was stopped"
     if not results.exists():
-        raise GradingError(f"the grader run produced no results (exit {proc.returncode}): {out[-1500:]}")
+        raise GradingError(f"the grader run produced no results (exit {returncode}): {out[-1500:]}")
     raw = json.loads(results.read_text())
     if raw["errors"]:
         raise GradingError("graders failed to collect: " + raw["errors"][0][-1500:])
     if not raw["tests"]:
         raise GradingError(f"no grader tests collected in {graders}")
     if not note and not raw["finished"]:
-        note = f"the grader run ended early (exit code {proc.returncode})"
+        note = f"the grader run ended early (exit code {returncode})"
     raw["stopped"] = stopped  # a record for grade(): stopped at its limit, not crashed
     return raw, note
 
@@ -346,17 +340,6 @@ def infra_failure(raw: dict, note: str = "") -> str:
     if not raw["finished"] and not raw.get("stopped"):
         return note or "the grader run ended early"
     return ""
-
-
-def _die_with_parent() -> None:
-    """In the grader child: ask Linux to SIGKILL it when the grading process dies, so a
-    killed `labs grade-all` leaves no grader running (its own session escapes the
-    terminal's process-group signal). A no-op elsewhere."""
-    try:
-        import ctypes
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
-    except (OSError, AttributeError):
-        pass
 
 
 # --- step 3: score ---------------------------------------------------------
