@@ -328,7 +328,7 @@ def one_line(text: str) -> str:
     return text if len(text) <= STATUS_MAX else text[: STATUS_MAX - 3] + "..."
 
 
-IMPL_ERRORS = {"import": "import error", "api": "api mismatch", "missing": "no module"}
+IMPL_ERRORS = {"import": "import error", "api": "api mismatch", "missing": "no module", "timeout": "timeout"}
 
 
 def status_of(result: grading.GradeResult) -> str:
@@ -338,6 +338,10 @@ def status_of(result: grading.GradeResult) -> str:
     if result.stopped:
         return f"timeout: {result.stopped}"
     ran = [t for t in result.tests if t.outcome != "skipped"]
+    hung = [t for t in ran if t.impl_error == "timeout"]
+    if hung:  # a call that hung (or an import): what was graded counts, the status says why the rest did not
+        first = hung[0].output.splitlines()[0] if hung[0].output else "a call timed out"
+        return f"timeout: {first.removeprefix('timeout: ')}"
     kinds = {t.impl_error for t in ran}
     if ran and len(kinds) == 1 and (kind := kinds.pop()) in IMPL_ERRORS:
         first = ran[0].output.splitlines()[0] if ran[0].output else kind
@@ -347,7 +351,7 @@ def status_of(result: grading.GradeResult) -> str:
 
 def kind_of(result: grading.GradeResult, status: str) -> Status:
     """The ``Status`` of a graded result whose status text is ``status``."""
-    if result.stopped:
+    if result.stopped or status.startswith("timeout"):
         return Status.TIMEOUT
     return Status.OK if status == "ok" else Status.STUDENT_ERROR
 

@@ -37,8 +37,12 @@ class Limits(_Strict):
     timeout_s: int = Field(1200, gt=0, description="wall-clock limit for the whole grader run, seconds")
     test_timeout_s: int = Field(300, gt=0, description="limit for one grader test, seconds")
     call_timeout_s: float = Field(30.0, gt=0, description=(
-        "limit for one call into the sandboxed submission, seconds: a generous multiple of the reference's "
-        "slowest call plus a few seconds, so a hanging submission fails fast (two timeouts end its grading)"))
+        "wall-clock seconds one call into the sandboxed submission may wait without computing (a sleep, a "
+        "deadlock; also its import): a hanging submission fails fast, two timeouts end its grading"))
+    call_cpu_s: float = Field(60.0, gt=0, description=(
+        "CPU seconds one call may use (the worker's own CPU time, which the machine's load cannot inflate): a "
+        "generous multiple of the reference's slowest call; a call still computing past call_timeout_s goes on "
+        "until this, or six times call_timeout_s"))
     memory_mb: int = Field(8192, gt=0, description="memory limit of the grading worker, MiB")
     cpus: float = Field(2.0, gt=0)
     pids: int = Field(512, gt=0)

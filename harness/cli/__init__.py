@@ -151,7 +151,7 @@ def grade(ctx, path, lab_number, json_path, seed, timeout_s, sandbox):
         grading.write_json_atomic(json_path, result.to_gradescope())
 
 
-IMPL_ERRORS = {"missing": "no module", "import": "import error", "api": "api mismatch"}
+IMPL_ERRORS = {"missing": "no module", "import": "import error", "api": "api mismatch", "timeout": "timeout"}
 
 
 def _one_cause(result: grading.GradeResult, path: Path, lab) -> str:

@@ -198,6 +198,14 @@ def stage_harness(workdir: str) -> str:
 
 
 
+def grader_side_files() -> list[str]:
+    """This process's harness modules that are not the worker's (``oracles``, ``testing``,
+    ``grading``, the front ends): a worker without namespaces must not be able to read them."""
+    top = Path(__file__).resolve().parent.parent
+    keep = set(worker_files())
+    return sorted(str(p) for p in top.rglob("*.py") if p.relative_to(top).as_posix() not in keep)
+
+
 def package_dirs() -> list[str]:
     """This interpreter's package directories on ``sys.path`` (``site-packages``,
     ``dist-packages``, those a ``.pth`` file added included): the worker, started with
@@ -493,7 +501,8 @@ def isolate_server(cfg: dict) -> str:
                       TORCHINDUCTOR_CACHE_DIR=os.path.join(work, ".inductor"), MPLCONFIGDIR=work)
     drop(cfg)
     if not cfg.get("namespaces"):
-        readable = [h for h in cfg.get("hide", []) if os.access(h, os.R_OK) or os.access(h, os.X_OK)]
+        readable = [h for h in cfg.get("hide", []) + cfg.get("private", [])
+                    if os.access(h, os.R_OK) or os.access(h, os.X_OK)]
         if readable:
             raise IsolationError(f"no namespaces on this host and the worker's user can read {readable[0]}: "
                                  f"refusing to run student code beside readable hidden files")

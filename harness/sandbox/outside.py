@@ -147,6 +147,18 @@ def _sum(pids, fn) -> int | None:
     return sum(vals) if vals else None
 
 
+class AllServers:
+    """The CPU seconds of every server of a worker together (its ranks: one waiting in a
+    collective while a peer computes is progress, not a hang)."""
+
+    def __init__(self, figures: list):
+        self.figures = list(figures)
+
+    def cpu(self) -> float | None:
+        vals = [f.cpu() for f in self.figures]
+        return None if not vals or any(v is None for v in vals) else sum(vals)
+
+
 class Figures:
     """What the trusted side reads about one server from outside: its memory now, at its peak
     during a request and held (anonymous + shmem, tmpfs included), its CPU seconds. From the

@@ -51,7 +51,8 @@ from . import isolation
 from .outside import loopback_tx_bytes, tcp_retransmits
 from .probes.comm import COLLECTIVES, DATA_COLLECTIVES, P2P  # noqa: F401  (graders name them)
 from .wire import View  # noqa: F401  (graders send views with their base)
-from .worker import Budget, RemoteModule, Sandbox, SandboxError, WorkerConfig, WorkerCrashed, WorkerTimeout
+from .worker import (HARD_CAP, Budget, RemoteModule, Sandbox, SandboxError, WorkerConfig, WorkerCrashed,
+                     WorkerTimeout)
 
 ERROR_GRACE_S = 3.0  # after one rank fails, how long the others get to report before the worker is killed
 _GLOO_TIMEOUT = "Timed out waiting"
@@ -359,7 +360,7 @@ def run(body: Callable, world_size: int, *args, impl, timeout: float = 30.0, dev
     sb.failed = None
     sb.begin_test()
     proxies = [RankProxy(group, r, world_size, device, backend) for r in range(world_size)]
-    pg_timeout = max(1.0, timeout - ERROR_GRACE_S - 1.0)  # gloo reports where it waited before we give up
+    pg_timeout = max(1.0, timeout * HARD_CAP)  # the run's watch stops a deadlock; gloo must not stop a slow peer
     results: dict[int, Any] = {}
     errors: dict[int, BaseException] = {}
     done = threading.Event()
@@ -389,13 +390,20 @@ def run(body: Callable, world_size: int, *args, impl, timeout: float = 30.0, dev
     start = time.monotonic()
     for t in threads:
         t.start()
-    deadline = start + timeout
+    watch = sb.worker.watch(0, timeout)  # a deadlock waits; ranks computing on a loaded machine do not
+    deadline, next_check = watch.deadline, start + 0.25
     for t in threads:
         while t.is_alive():
             now = time.monotonic()
             limit = deadline if not done.is_set() else min(deadline, first_error_at(done, start))
             if now >= limit:
                 break
+            if now >= next_check:
+                next_check = now + 0.25
+                try:
+                    watch.check()
+                except TimeoutError:
+                    break
             t.join(timeout=min(0.05, max(0.0, limit - now)))
         if t.is_alive():
             break
