@@ -57,13 +57,17 @@ class Part(_Strict):
 class PerfThreshold(_Strict):
     """Partial credit for a time ratio (student / baseline, lower is better).
 
-    Full credit at or below ``full_credit``, none at or above ``zero_credit``,
-    linear in between. A wrong answer earns no performance credit at all.
+    Full credit at or below ``full_credit``, none at or above ``zero_credit``, and
+    ``bands`` equal steps in between (the credit at the middle of each band's linear
+    share): a ratio measured until its interval lies inside one band
+    (``harness.sandbox.timing.timed``) gets the same credit on a regrade, where a linear
+    rule would follow the timing noise. A wrong answer earns no performance credit at all.
     """
 
     full_credit: float = Field(gt=0)
     zero_credit: float = Field(gt=0)
     baseline: str = Field(description="what the ratio is measured against, in words")
+    bands: int = Field(4, ge=1, le=20, description="credit steps between full_credit and zero_credit")
 
     @model_validator(mode="after")
     def _ordered(self):
@@ -71,12 +75,22 @@ class PerfThreshold(_Strict):
             raise ValueError(f"zero_credit ({self.zero_credit}) must exceed full_credit ({self.full_credit})")
         return self
 
+    def edges(self) -> list[float]:
+        """The band edges: ``full_credit``, the ``bands - 1`` between, ``zero_credit``."""
+        step = (self.zero_credit - self.full_credit) / self.bands
+        return [self.full_credit + k * step for k in range(self.bands + 1)]
+
     def credit(self, ratio: float) -> float:
-        """Fraction of the test's points earned at time ratio ``ratio``."""
+        """Fraction of the test's points earned at time ratio ``ratio``: 1 up to ``full_credit``,
+        0 from ``zero_credit``, ``1 - (j - 1/2) / bands`` in band ``j`` (1-based) between."""
         if ratio != ratio or ratio <= 0:  # NaN or nonsense: no credit
             return 0.0
-        frac = (self.zero_credit - ratio) / (self.zero_credit - self.full_credit)
-        return min(1.0, max(0.0, frac))
+        if ratio <= self.full_credit:
+            return 1.0
+        if ratio >= self.zero_credit:
+            return 0.0
+        j = sum(1 for e in self.edges()[1:-1] if e < ratio) + 1
+        return 1.0 - (j - 0.5) / self.bands
 
 
 class Lab(_Strict):

@@ -89,7 +89,8 @@ class Server:
         own = {__file__, wire.__file__, *(m.__file__ for m in probes.FAMILIES)}
         while frames and frames[0].filename in own:  # the server's own frames
             frames = traceback.StackSummary.from_list(frames[1:])
-        tb = "".join(traceback.format_list(frames[-10:]) + traceback.format_exception_only(type(e), e))
+        tb = _traceback(frames, getattr(self.module, "__file__", None))[-2500:] + \
+            "".join(traceback.format_exception_only(type(e), e))[:500]
         try:
             msg = str(e)
         except BaseException:
@@ -168,6 +169,21 @@ class Server:
         values = {k: self.dec(h, "v_" + k, b) for k in keys}
         value, figures = fn(self.module, **values)
         self.reply(value, {k: v for k, v in figures.items() if k != "keep"}, as_handle=bool(figures.get("keep")))
+
+
+def _traceback(frames, mine: str | None) -> str:
+    """The frames a student reads: every frame in their own module (the last 6: file and line of
+    their code, however deep torch's frames below them go) and the last 4, in order, with a
+    ``...`` where frames are left out."""
+    keep = {i for i, f in enumerate(frames) if f.filename == mine}
+    keep = set(sorted(keep)[-6:]) | set(range(max(0, len(frames) - 4), len(frames)))
+    out, last = [], -1
+    for i in sorted(keep):
+        if i != last + 1:
+            out.append("  ...\n")
+        out += traceback.format_list([frames[i]])
+        last = i
+    return "".join(out)
 
 
 def _note_writer(fd: int):
