@@ -69,7 +69,7 @@ from pathlib import Path, PurePosixPath
 
 
 from . import grading, impl as _impl
-from .manifest import Course, Lab
+from .manifest import Course, Lab, LabPaths
 from .errors import LabsError
 from .gradebook import GradebookWriter
 
@@ -387,7 +387,7 @@ def _grade_one(sub: Submission, lab: Lab, course: Course, *, timeout_s, sandbox,
         return Row(sub.student, status, res, kind=Status.STUDENT_ERROR)
     if sub.stray:
         status = (f"unrecognised submission: {sub.path.name} is neither a folder nor an archive "
-                  f"({', '.join(ARCHIVES)}); submit labs/{lab.number}/{lab.filename} in one")
+                  f"({', '.join(ARCHIVES)}); submit {LabPaths.of(lab).stub} in one")
         return Row(sub.student, status, _empty_results(lab, sub.student, status, fp, sub.path),
                    time.monotonic() - t0, kind=Status.STUDENT_ERROR)
     with tempfile.TemporaryDirectory(prefix=f"labs-class-{lab.number}-") as tmp:

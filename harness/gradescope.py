@@ -44,7 +44,7 @@ import httpx
 
 
 from . import grading, impl as _impl
-from .manifest import Course, Lab
+from .manifest import Course, Lab, LabPaths
 
 HARNESS_DIR = Path(__file__).resolve().parent
 VISIBILITIES = ("hidden", "after_due_date", "after_published", "visible")
@@ -115,13 +115,13 @@ def _payload(course: Course, lab: Lab) -> dict[str, Path]:
     framework = HARNESS_DIR.parent
     files: dict[str, Path] = {"labs.yaml": root / "labs.yaml"}
     skip = lambda p: "__pycache__" in p.parts or p.suffix == ".pyc" or p.name.startswith(".")
-    for base, top in ((HARNESS_DIR, HARNESS_DIR.parent), (root / "graders" / lab.number, root)):
+    paths = course.paths(lab)
+    for base, top in ((HARNESS_DIR, HARNESS_DIR.parent), (paths.graders, root)):
         for p in sorted(base.rglob("*")):
             if p.is_file() and not skip(p.relative_to(top)):
                 files[p.relative_to(top).as_posix()] = p
-    stub = root / "labs" / lab.number / lab.filename
-    if stub.is_file():  # the contract: names and signatures a submission must keep
-        files[f"labs/{lab.number}/{lab.filename}"] = stub
+    if paths.stub.is_file():  # the contract: names and signatures a submission must keep
+        files[paths.relative.stub.as_posix()] = paths.stub
     for base in (root, framework):  # the package definition and the lock: the course's, else the framework's
         if (base / "pyproject.toml").is_file() and "pyproject.toml" not in files:
             files["pyproject.toml"] = base / "pyproject.toml"
@@ -150,8 +150,9 @@ def build_zip(course: Course, lab: Lab, out: Path, visibility: str = "after_publ
     token), the autograder forwards each submission there for its GPU tests."""
     if bool(server) != bool(server_token):
         raise ValueError("server and server_token go together (labs account add NAME --role bridge)")
-    if not (course.root / "graders" / lab.number).is_dir():
-        raise FileNotFoundError(f"no hidden graders for lab {lab.number} ({course.root / 'graders' / lab.number})")
+    graders = course.paths(lab).graders
+    if not graders.is_dir():
+        raise FileNotFoundError(f"no hidden graders for lab {lab.number} ({graders})")
     if visibility not in VISIBILITIES:
         raise ValueError(f"visibility must be one of {', '.join(VISIBILITIES)}, got {visibility!r}")
     fmt = dict(number=lab.number, title=lab.title, module=lab.filename, visibility=visibility,
@@ -258,11 +259,11 @@ def finalize(raw_path: Path, out_path: Path, *, status: int, log: str, lab: Lab,
     for t in res["tests"]:
         t["visibility"] = visibility
     if module:
-        check = (f"Graded {module} as labs/{lab.number}/{lab.filename}; "
+        check = (f"Graded {module} as {LabPaths.of(lab).stub}; "
                  f"{len(res['tests'])} hidden tests, results shown {visibility.replace('_', ' ')}.")
         passed = "passed"
     else:
-        check = (f"No {lab.filename} in your upload: submit labs/{lab.number}/{lab.filename} "
+        check = (f"No {lab.filename} in your upload: submit {LabPaths.of(lab).stub} "
                  f"(or the file alone). Every test scores 0.")
         passed = "failed"
     if note:

@@ -44,7 +44,7 @@ from pathlib import Path
 
 from . import container, impl as _impl, manifest as _manifest
 from .errors import GradingError, InfraFailure  # noqa: F401  (grading.GradingError: part of this module's API)
-from .manifest import Course, Lab
+from .manifest import Course, Lab, LabPaths
 
 
 
@@ -186,7 +186,7 @@ def graders_of(course: Course, lab: Lab) -> Path:
     """The hidden graders of ``lab`` (``graders/NN/``). Raises GradingError: in a student
     checkout (no ``graders/`` at all) one that says where grading happens, else one that
     names the missing folder."""
-    graders = course.root / "graders" / lab.number
+    graders = course.paths(lab).graders
     if graders.is_dir():
         return graders
     if not graders.parent.is_dir():
@@ -222,19 +222,19 @@ def stage(submission: Path, lab: Lab, workdir: Path) -> tuple[Path, str, list[st
     an error: the submission still gets a row.
     """
     impl_root = workdir / "impl"
-    dest = impl_root / lab.number
-    dest.mkdir(parents=True)
+    staged = LabPaths.of(lab).in_impl(impl_root)
+    staged.parent.mkdir(parents=True)
     notes, ignored = [], []
     try:
         src = _impl.locate(submission, lab)
-        (dest / lab.filename).write_bytes(read_module(src, submission))
+        staged.write_bytes(read_module(src, submission))
     except _impl.ImplError as e:
         notes.append(str(e))
         return impl_root, "", notes, ignored
     ignored = sorted(str(p.relative_to(src.parent)) for p in src.parent.rglob("*")
                      if p.is_file() and p != src and "__pycache__" not in p.parts)
     if ignored:
-        notes.append(f"graded only {lab.number}/{lab.filename}; ignored {len(ignored)} other file(s) in its folder")
+        notes.append(f"graded only {LabPaths.of(lab).in_impl('')}; ignored {len(ignored)} other file(s) in its folder")
     return impl_root, src.relative_to(submission).as_posix(), notes, ignored
 
 
@@ -283,7 +283,7 @@ def pack_module(path: Path, lab: Lab) -> bytes:
     data = read_module(path, path.parent)
     buf = io.BytesIO()
     with tarfile.open(fileobj=buf, mode="w:gz") as tar:
-        info = tarfile.TarInfo(f"{lab.number}/{lab.filename}")
+        info = tarfile.TarInfo(LabPaths.of(lab).in_impl("").as_posix())
         info.size, info.mode, info.mtime = len(data), 0o644, 0
         tar.addfile(info, io.BytesIO(data))
     return buf.getvalue()
@@ -424,7 +424,7 @@ def grade(submission: Path | str, lab: Lab, course: Course, *, seed: int | None 
         work = Path(tmp)
         impl_root, module, notes, ignored = stage(submission, lab, work)
         if seed is None:
-            staged = impl_root / lab.number / lab.filename
+            staged = LabPaths.of(lab).in_impl(impl_root)
             seed = grading_seed(course_secret(course), lab, staged.read_bytes() if staged.is_file() else b"")
         raw, note = run(course, lab, impl_root, work / "results.json", seed, timeout_s, sandbox, select)
     reason = infra_failure(raw, note)
@@ -459,7 +459,7 @@ def gpu_points(course: Course, lab: Lab) -> float:
     root = course.root
     graders = sorted(p for p in (root / "graders").rglob("*.py") if "__pycache__" not in p.parts) \
         if (root / "graders").is_dir() else []
-    if not (root / "graders" / lab.number).is_dir():
+    if not course.paths(lab).graders.is_dir():
         return course.gpu_points.get(lab.number, 0.0)
     key = hashlib.sha256((root / _manifest.MANIFEST).read_bytes())
     for p in graders:
@@ -485,7 +485,7 @@ def gpu_points(course: Course, lab: Lab) -> float:
                                + " ".join((p.stdout + p.stderr).split()[-30:]),
                                hint="`pytest graders --collect-only` shows why") from None
     for num, spec in course.labs.items():
-        tests = [t for t in raw["tests"] if f"/graders/{num}/" in "/" + t["nodeid"]]
+        tests = [t for t in raw["tests"] if f"/{LabPaths.of(spec).graders.as_posix()}/" in "/" + t["nodeid"]]
         try:
             scored = score({"tests": tests}, spec)
         except GradingError:

@@ -76,11 +76,12 @@ def list_labs(ctx, as_json):
             gpu = grading.gpu_points(course, lab)
         except grading.GradingError:
             gpu = None
-        rows.append({"lab": num, "title": lab.title, "module": f"labs/{num}/{lab.filename}",
+        paths = course.paths(lab)
+        rows.append({"lab": num, "title": lab.title, "module": paths.relative.stub.as_posix(),
                      "parts": {k: p.points for k, p in lab.parts.items()}, "points": lab.points,
                      "gpu_points": gpu, "gpu": "unknown (graders fail to collect)" if gpu is None else
                      f"{gpu:g} pts need a GPU" if gpu else "none",
-                     "stub": (course.root / "labs" / num / lab.filename).is_file()})
+                     "stub": paths.stub.is_file()})
     if as_json:
         click.echo(json.dumps(rows, indent=2))
         return
@@ -103,7 +104,7 @@ def test(ctx, lab, pytest_args):
     """Run a lab's visible tests: the same as `pytest labs/NN [PYTEST_ARGS]`."""
     course = _course(ctx)
     lab = course.lab(lab)
-    cmd = [sys.executable, "-m", "pytest", f"labs/{lab.number}", *pytest_args]
+    cmd = [sys.executable, "-m", "pytest", manifest.LabPaths.of(lab).folder.as_posix(), *pytest_args]
     ctx.exit(subprocess.call(cmd, cwd=course.root))
 
 
@@ -166,7 +167,8 @@ def _one_cause(result: grading.GradeResult, path: Path, lab) -> str:
     text = f"{IMPL_ERRORS[kind]}: {first.removeprefix(IMPL_ERRORS[kind] + ': ')}"
     if kind == "missing":
         import difflib
-        found = sorted({p.relative_to(path).as_posix() for d in (path, path / lab.number, path / "labs" / lab.number)
+        in_path = manifest.LabPaths.of(lab, path)
+        found = sorted({p.relative_to(path).as_posix() for d in (path, in_path.in_impl(path).parent, in_path.folder)
                         for p in d.glob("*.py") if p.is_file()})
         near = [f for f in found if lab.module.lower() in Path(f).stem.lower()
                 or difflib.get_close_matches(Path(f).name.lower(), [lab.filename], n=1, cutoff=0.6)]

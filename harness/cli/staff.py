@@ -21,6 +21,7 @@ from rich.table import Table
 
 from .. import classroom, container, gradebook as gradebook_api, gradescope, grading, nbgrader_export, release, scaffold
 from ..errors import ExitCode, LabsError
+from ..manifest import LabPaths
 from . import _course
 from .server import COMMANDS as SERVER_COMMANDS
 from .runner import COMMANDS as RUNNER_COMMANDS
@@ -406,7 +407,7 @@ def new_command(ctx, number, module, title):
     written = scaffold.new_lab(course.root, number, module, title)
     for path in written:
         click.echo(f"wrote {path.relative_to(course.root)}")
-    click.echo(f"next: write the task in labs/{number}/{module}.py and its reference, then "
+    click.echo(f"next: write the task in {LabPaths(Path(), number, f'{module}.py').stub} and its reference, then "
                f"`labs grade solutions --lab {number}` (full marks) and `labs grade labs --lab {number}` (0)")
 
 

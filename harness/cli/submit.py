@@ -86,7 +86,7 @@ def submit_command(ctx, lab_number, server, token):
     lab = course.lab(lab_number)
     server, token = _config(server, token)
     try:
-        path = _impl.locate(course.root / "labs", lab)
+        path = _impl.locate(course.paths(lab).folder.parent, lab)
     except _impl.ImplError as e:
         raise LabsError(str(e)) from None
     blob = grading.pack_module(path, lab)

@@ -32,7 +32,7 @@ from sqlalchemy.orm import Session
 from .. import classroom, grading, impl as _impl
 from ..grading import pack_module  # noqa: F401  (service.pack_module: what `labs submit` uploads)
 from ..errors import LabsError
-from ..manifest import Course, Lab
+from ..manifest import Course, Lab, LabPaths
 from .db import QUEUES, ROLES, Account, Bucket, Job, Result, Submission, hash_token
 
 MAX_ATTEMPTS = 3   # infrastructure attempts of one job: the first and at most 2 retries
@@ -149,7 +149,7 @@ def module_of(data: bytes, filename: str, lab: Lab, max_bytes: int) -> bytes:
     Raises Rejected(422) saying what is wrong."""
     if classroom.archive_stem(filename) is None:
         raise Rejected(422, f"{filename!r} is not an archive ({', '.join(classroom.ARCHIVES)}); "
-                            f"`labs submit {lab.number}` packs labs/{lab.number}/{lab.filename}")
+                            f"`labs submit {lab.number}` packs {LabPaths.of(lab).stub}")
     with tempfile.TemporaryDirectory(prefix="labs-intake-") as tmp:
         archive = Path(tmp) / Path(filename).name
         archive.write_bytes(data)
