@@ -56,7 +56,6 @@ import enum
 import hashlib
 import io
 import json
-import os
 import stat
 import tarfile
 import tempfile
@@ -68,7 +67,7 @@ from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 
 
-from . import grading, impl as _impl
+from . import files, grading, impl as _impl
 from .manifest import Course, Lab, LabPaths
 from .errors import LabsError
 from .gradebook import GradebookWriter
@@ -490,11 +489,7 @@ def write_csv(path: Path, rows: list[Row], lab: Lab) -> None:
                     "" if mr is None else f"{mr:g}", row.status]
                    + [("" if res.get("score") is None else f"{parts.get(k, 0.0):g}") for k in lab.parts]
                    + [("" if c not in per_test else f"{per_test[c]:g}") for c in columns])
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}-")
-    with os.fdopen(fd, "w", newline="") as f:
-        f.write(buf.getvalue())
-    os.replace(tmp, path)
+    files.write_atomic(path, buf.getvalue())
 
 
 # --- the class run --------------------------------------------------------------
@@ -549,7 +544,7 @@ def grade_all(submissions: Path, lab: Lab, course: Course, out: Path, *, jobs: i
             done[sub.student] = prev
             if not results_path(out, sub.student).is_file():  # kept by an older version: copy it under students/
                 with contextlib.suppress(OSError):
-                    grading.write_json_atomic(results_path(out, sub.student), prev.results)
+                    files.write_json(results_path(out, sub.student), prev.results)
         else:
             todo.append(sub)
     book = None
@@ -578,7 +573,7 @@ def grade_all(submissions: Path, lab: Lab, course: Course, out: Path, *, jobs: i
 
     def finish(row: Row):
         try:
-            grading.write_json_atomic(results_path(out, row.student), row.results)
+            files.write_json(results_path(out, row.student), row.results)
         except (OSError, ValueError) as e:  # this row is retried on the next run; the others go on
             status = one_line(f"infra_error: cannot write {STUDENTS_DIR}/{row.student}/{RESULTS_NAME}: "
                               f"{type(e).__name__}: {_short(str(e))}")

@@ -34,7 +34,6 @@ says why the GPU tests were not run. Without a server it says so plainly too.
 from __future__ import annotations
 
 import json
-import os
 import stat
 import time
 import zipfile
@@ -43,7 +42,7 @@ from pathlib import Path
 import httpx
 
 
-from . import grading, impl as _impl
+from . import files, grading, impl as _impl
 from .manifest import Course, Lab, LabPaths
 
 HARNESS_DIR = Path(__file__).resolve().parent
@@ -159,10 +158,8 @@ def build_zip(course: Course, lab: Lab, out: Path, visibility: str = "after_publ
                torch=_torch_pin(course), torch_index=TORCH_CPU_INDEX,
                extras="[triton]" if "triton" in lab.requires else "", server_file=SERVER_FILE)
     scripts = {"setup.sh": SETUP_SH.format(**fmt), "run_autograder": RUN_AUTOGRADER.format(**fmt)}
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.with_name(f".{out.name}.tmp")
     names = []
-    with zipfile.ZipFile(tmp, "w", zipfile.ZIP_DEFLATED) as zf:
+    with files.atomic_open(out, "wb", perms=files.SHARED) as f, zipfile.ZipFile(f, "w", zipfile.ZIP_DEFLATED) as zf:
         for name, text in scripts.items():
             info = zipfile.ZipInfo(name, date_time=(2024, 1, 1, 0, 0, 0))
             info.external_attr = (stat.S_IFREG | 0o755) << 16
@@ -179,7 +176,6 @@ def build_zip(course: Course, lab: Lab, out: Path, visibility: str = "after_publ
         if secret is not None:
             zf.writestr(grading.SECRET_FILE, secret + b"\n")
             names.append(grading.SECRET_FILE)
-    os.replace(tmp, out)
     return names
 
 
@@ -191,7 +187,7 @@ def forward(course: Course, submission: Path, lab: Lab, metadata: Path | None, o
     results.json, "gpu_model", "id"}`` when graded, else ``{"error": why}``; never raises
     (the local grade stands). Returns what it wrote."""
     def done(payload: dict) -> dict:
-        grading.write_json_atomic(out, payload)
+        files.write_json(out, payload)
         return payload
 
     cfg = json.loads((course.root / SERVER_FILE).read_text())
@@ -252,7 +248,7 @@ def finalize(raw_path: Path, out_path: Path, *, status: int, log: str, lab: Lab,
                                        "Course staff have been notified by this message; please ask them.",
                "visibility": "visible", "stdout_visibility": "hidden", "tests": [],
                "extra_data": {"lab": lab.number, "grading_failed": True}}
-        grading.write_json_atomic(out_path, res)
+        files.write_json(out_path, res)
         return res
     res = dict(raw)
     module = res.get("extra_data", {}).get("module", "")  # the file `labs grade` graded (impl.locate)
@@ -272,5 +268,5 @@ def finalize(raw_path: Path, out_path: Path, *, status: int, log: str, lab: Lab,
                      "output": check, "visibility": "visible", "tags": []}] + res["tests"]
     res["visibility"] = "visible"
     res.setdefault("leaderboard", [])
-    grading.write_json_atomic(out_path, res)
+    files.write_json(out_path, res)
     return res

@@ -42,7 +42,7 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from . import container, impl as _impl, manifest as _manifest
+from . import container, files, impl as _impl, manifest as _manifest
 from .errors import GradingError, InfraFailure  # noqa: F401  (grading.GradingError: part of this module's API)
 from .manifest import Course, Lab, LabPaths
 
@@ -168,15 +168,7 @@ def course_secret(course: Course) -> bytes | None:
         return None
     try:
         path.parent.mkdir(mode=0o700, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".secret-")
-        with os.fdopen(fd, "w") as f:
-            f.write(secrets.token_hex(32) + "\n")
-        try:
-            os.link(tmp, path)  # fails when another grader created it first: theirs wins
-        except FileExistsError:
-            pass
-        finally:
-            os.unlink(tmp)
+        files.write_atomic(path, secrets.token_hex(32) + "\n", exclusive=True)  # another grader's first: theirs
         return path.read_bytes().strip() or None
     except OSError:
         return None
@@ -440,16 +432,6 @@ def grade(submission: Path | str, lab: Lab, course: Course, *, seed: int | None 
                        stopped=note if raw.get("stopped") else "")
 
 
-def write_json_atomic(path: Path | str, data: dict) -> None:
-    """Write ``data`` as JSON to ``path`` via a temporary file and rename (never half-written)."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}-")
-    with os.fdopen(fd, "w") as f:
-        json.dump(data, f, indent=2)
-    os.replace(tmp, path)
-
-
 def gpu_points(course: Course, lab: Lab) -> float:
     """Points of ``lab`` (bonus parts aside) that only a GPU can earn: its grader tests
     marked ``gpu``, weighted as ``grading.score`` does. Without graders (a student
@@ -493,7 +475,7 @@ def gpu_points(course: Course, lab: Lab) -> float:
         points[num] = round(sum(t.max_score for t in scored if "gpu" in t.tags and not t.bonus), 1)
     try:
         cache.parent.mkdir(mode=0o700, exist_ok=True)
-        cache.write_text(json.dumps({"key": key.hexdigest(), "points": points}))
+        files.write_json(cache, {"key": key.hexdigest(), "points": points})
     except OSError:
         pass
     return points.get(lab.number, 0.0)
@@ -516,7 +498,7 @@ def _inside(argv: list[str]) -> int:
         data = {"raw": raw, "note": note}
     except (GradingError, _manifest.ManifestError, KeyError) as e:
         data = {"error": str(e).strip("'\"")}
-    write_json_atomic(out / "outcome.json", data)
+    files.write_json(out / "outcome.json", data)
     owner = os.environ.get("LABS_RESULTS_OWNER", "")
     if owner and os.geteuid() == 0:  # let a non-root host user read what root wrote
         uid, gid = (int(x) for x in owner.split(":"))

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import importlib
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -20,7 +19,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from .. import container, grading, manifest, progress
+from .. import container, files, grading, manifest, progress
 from ..errors import ExitCode, LabsError
 
 
@@ -149,7 +148,7 @@ def grade(ctx, path, lab_number, json_path, seed, timeout_s, sandbox):
     if problem:
         click.echo(f"labs: warning: progress not recorded ({problem})", err=True)
     if json_path:
-        grading.write_json_atomic(json_path, result.to_gradescope())
+        files.write_json(json_path, result.to_gradescope())
 
 
 IMPL_ERRORS = {"missing": "no module", "import": "import error", "api": "api mismatch"}
@@ -225,9 +224,7 @@ def progress_command(ctx, lab_number, as_json, html_path):
     except progress.ProgressError as e:
         raise LabsError(str(e), hint="set LABS_PROGRESS_DB to another file, or `labs reset`") from None
     if html_path:
-        tmp = html_path.with_name(f".{html_path.name}.tmp")
-        tmp.write_text(progress.render_html(summary, course), encoding="utf-8")
-        os.replace(tmp, html_path)
+        files.write_atomic(html_path, progress.render_html(summary, course), perms=files.SHARED)
         click.echo(f"labs: wrote {html_path}", err=True)
     if as_json:
         click.echo(json.dumps(summary, indent=2))

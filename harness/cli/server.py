@@ -18,7 +18,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from .. import calibrate, gradebook as gradebook_api, grading
+from .. import calibrate, files, gradebook as gradebook_api, grading
 from ..errors import ExitCode, LabsError
 from . import _course
 
@@ -117,8 +117,7 @@ def roster_import(ctx, csv_path, db, tokens_out):
         except ValueError as e:
             raise LabsError(f"{csv_path}: {e}", code=ExitCode.USAGE) from None
     new = [(n, t) for n, t in got if t]
-    fd = os.open(out, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "w", newline="") as f:
+    with files.atomic_open(out, newline="") as f:
         w = csv.writer(f)
         w.writerow(["name", "token"])
         w.writerows(new)
@@ -284,7 +283,7 @@ def calibrate_command(ctx, lab_numbers, json_path):
         for line in got["not_run"]:
             c.print(escape(f"  not run: {line}"))
     if json_path:
-        grading.write_json_atomic(json_path, {"host": info, "labs": out})
+        files.write_json(json_path, {"host": info, "labs": out})
         click.echo(f"figures in {json_path}")
 
 

@@ -20,7 +20,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from .. import grading, impl as _impl
+from .. import files, grading, impl as _impl
 from ..errors import ExitCode, LabsError
 from . import _course
 
@@ -67,10 +67,7 @@ def _request(method: str, server: str, token: str, path: str, **kw) -> httpx.Res
 def login_command(server, token):
     """Save the course server and your token for `labs submit` and `labs status`."""
     _request("GET", server.rstrip("/"), token, "/api/submissions")  # a wrong token fails here, not later
-    CONFIG.parent.mkdir(parents=True, exist_ok=True)
-    fd = os.open(CONFIG, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "w") as f:
-        json.dump({"server": server.rstrip("/"), "token": token}, f)
+    files.write_json(CONFIG, {"server": server.rstrip("/"), "token": token})
     click.echo(f"saved to {CONFIG}")
 
 
