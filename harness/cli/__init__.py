@@ -20,7 +20,9 @@ from rich.markup import escape
 from rich.table import Table
 
 from .. import container, files, grading, manifest, progress
-from ..errors import ExitCode, LabsError
+from ..errors import LabsError
+from .common import console, course_of
+from .submit import COMMANDS as SUBMIT_COMMANDS
 
 
 class _Labs(click.Group):
@@ -40,18 +42,6 @@ class _Labs(click.Group):
             ctx.exit(int(e.code))
 
 
-def _console() -> Console:
-    return Console(highlight=False, soft_wrap=True)
-
-
-def _course(ctx) -> manifest.Course:
-    try:
-        return manifest.load(ctx.obj.get("course"))
-    except manifest.ManifestError as e:
-        e.hint = e.hint or "run inside the course repository or pass --course DIR"
-        raise
-
-
 @click.group(cls=_Labs, context_settings={"help_option_names": ["-h", "--help"]})
 @click.option("--course", type=click.Path(file_okay=False, path_type=Path), default=None,
               help="Course root holding labs.yaml (default: search upwards from the current directory).")
@@ -68,7 +58,7 @@ def main(ctx, course, traceback):
 @click.pass_context
 def list_labs(ctx, as_json):
     """List the labs with their parts, points and GPU needs."""
-    course = _course(ctx)
+    course = course_of(ctx)
     rows = []
     for num, lab in sorted(course.labs.items()):
         try:
@@ -92,7 +82,7 @@ def list_labs(ctx, as_json):
                           for k, v in r["parts"].items())
         table.add_row(r["lab"], r["title"], parts, f"{r['points']:g}", r["gpu"],
                       r["module"] if r["stub"] else f"{r['module']} (missing)")
-    _console().print(table)
+    console().print(table)
 
 
 @main.command("test", context_settings={"ignore_unknown_options": True})
@@ -101,7 +91,7 @@ def list_labs(ctx, as_json):
 @click.pass_context
 def test(ctx, lab, pytest_args):
     """Run a lab's visible tests: the same as `pytest labs/NN [PYTEST_ARGS]`."""
-    course = _course(ctx)
+    course = course_of(ctx)
     lab = course.lab(lab)
     cmd = [sys.executable, "-m", "pytest", manifest.LabPaths.of(lab).folder.as_posix(), *pytest_args]
     ctx.exit(subprocess.call(cmd, cwd=course.root))
@@ -127,7 +117,7 @@ def grade(ctx, path, lab_number, json_path, seed, timeout_s, sandbox):
     (`solutions` for the reference, `labs` for the stubs). Exit status 0 whenever
     grading ran, whatever the score.
     """
-    course = _course(ctx)
+    course = course_of(ctx)
     lab = course.lab(lab_number)
     if not path.is_dir():
         raise LabsError(f"submission {path} is not a directory", hint="pass a checkout or a folder holding NN/<module>.py")
@@ -195,9 +185,9 @@ def _print_result(result: grading.GradeResult, lab) -> None:
         base, bracket, case = t.name.partition("[")
         table.add_row(t.part, escape(base + (f"\n[{case}" if bracket else "")),
                       f"[{style.get(t.outcome, '')}]{t.outcome}[/]", f"{t.score:.2f}/{t.max_score:.2f}", escape(msg))
-    console = _console()
-    console.print(table)
-    console.print(f"score {result.score:g} / {result.max_score:g} "
+    out = console()
+    out.print(table)
+    out.print(f"score {result.score:g} / {result.max_score:g} "
                   f"(runnable here: {result.max_score_runnable:g}); seed {result.seed}; "
                   f"{result.duration_s:.1f} s")
 
@@ -216,7 +206,7 @@ def progress_command(ctx, lab_number, as_json, html_path):
     Recorded on this machine by `pytest labs/NN` and `labs grade` (nothing is sent
     anywhere); the store is $LABS_PROGRESS_DB or the user data directory.
     """
-    course = _course(ctx)
+    course = course_of(ctx)
     manifest.require_folder(html_path, "--html")
     lab = course.lab(lab_number).number if lab_number else None
     try:
@@ -248,7 +238,7 @@ def progress_command(ctx, lab_number, as_json, html_path):
 @click.pass_context
 def reset_command(ctx, lab_number, yes):
     """Delete your recorded progress (all labs, or lab NN)."""
-    course = _course(ctx)
+    course = course_of(ctx)
     lab = course.lab(lab_number).number if lab_number else None
     what = f"lab {lab}" if lab else f"every lab of {course.name}"
     try:
@@ -268,9 +258,7 @@ def reset_command(ctx, lab_number, yes):
 
 
 
-from .submit import COMMANDS as _SUBMIT_COMMANDS  # noqa: E402  (labs login, submit, status: the course server)
-
-for _command in _SUBMIT_COMMANDS:
+for _command in SUBMIT_COMMANDS:  # labs login, submit, status: the course server
     main.add_command(_command)
 
 # --- staff commands (harness.cli.staff); a student release has none of them --------

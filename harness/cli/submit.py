@@ -22,7 +22,7 @@ from rich.table import Table
 
 from .. import files, grading, impl as _impl
 from ..errors import ExitCode, LabsError
-from . import _course
+from .common import course_of
 
 CONFIG = Path(platformdirs.user_config_dir("ai-infra-labs")) / "server.json"
 TIMEOUT_S = 60.0
@@ -79,7 +79,7 @@ def login_command(server, token):
 def submit_command(ctx, lab_number, server, token):
     """Upload lab LAB_NUMBER's module (labs/NN/<module>.py) for grading on the course's
     GPU runners; prints the submission id (`labs status ID` follows it)."""
-    course = _course(ctx)
+    course = course_of(ctx)
     lab = course.lab(lab_number)
     server, token = _config(server, token)
     try:

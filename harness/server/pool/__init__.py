@@ -67,11 +67,11 @@ from celery import Celery, signals
 from celery.exceptions import SoftTimeLimitExceeded
 from kombu import Exchange, Queue
 
-from .. import grading, manifest
-from ..errors import LabsError
-from ..manifest import Course
-from . import runner, service
-from .db import QUEUES
+from ... import grading, manifest
+from ...errors import LabsError
+from ...manifest import Course
+from .. import runner, service
+from ..db import QUEUES
 
 TASK = "labs.grade"
 MARGIN_S = 120.0          # soft limit = the course's longest grader limit + this; hard = soft + this
@@ -369,7 +369,3 @@ def main(argv: list[str] | None = None) -> int:
                      "--without-gossip", "--without-mingle", "--without-heartbeat"])
     return 0
 
-
-if __name__ == "__main__":
-    from harness.server.pool import main as _main  # the module's own app and task, not __main__'s copy
-    raise SystemExit(_main())
