@@ -303,7 +303,7 @@ def delete_runs(checkout_root: str, lab: str | None = None, path: Path | None = 
 # --- recording a local grade (called by `labs grade`) ----------------------------
 
 def record_grade(result, lab, course, path: Path | None = None) -> str | None:
-    """Record a finished ``grading.GradeResult`` of the student's own checkout (``labs grade .``
+    """Record a finished ``records.GradeResult`` of the student's own checkout (``labs grade .``
     or ``labs grade labs``). Returns None when recorded or deliberately skipped (recording
     off; any other path: the reference, a classmate's folder, staff grading a submission),
     else the reason it could not be recorded (the caller prints it as a warning)."""

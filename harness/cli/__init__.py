@@ -19,7 +19,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from .. import container, files, grading, manifest, progress
+from .. import container, files, grading, manifest, progress, records
 from ..errors import LabsError
 from .common import console, course_of
 from .submit import COMMANDS as SUBMIT_COMMANDS
@@ -141,19 +141,16 @@ def grade(ctx, path, lab_number, json_path, seed, timeout_s, sandbox):
         files.write_json(json_path, result.to_gradescope())
 
 
-IMPL_ERRORS = {"missing": "no module", "import": "import error", "api": "api mismatch"}
-
-
-def _one_cause(result: grading.GradeResult, path: Path, lab) -> str:
+def _one_cause(result: records.GradeResult, path: Path, lab) -> str:
     """Why no test could load the implementation, when each that ran failed the same way
     (``impl_error``): the first message, and for a missing module the near misses in the
     submission (``GQA.py``, ``gqa_solution.py``). Empty otherwise."""
     ran = [t for t in result.tests if t.outcome != "skipped"]
     kinds = {t.impl_error for t in ran}
-    if not ran or len(kinds) != 1 or (kind := kinds.pop()) not in IMPL_ERRORS:
+    if not ran or len(kinds) != 1 or (kind := kinds.pop()) not in records.IMPL_ERRORS:
         return ""
     first = ran[0].output.splitlines()[0] if ran[0].output else kind
-    text = f"{IMPL_ERRORS[kind]}: {first.removeprefix(IMPL_ERRORS[kind] + ': ')}"
+    text = f"{records.IMPL_ERRORS[kind]}: {first.removeprefix(records.IMPL_ERRORS[kind] + ': ')}"
     if kind == "missing":
         import difflib
         in_path = manifest.LabPaths.of(lab, path)
@@ -169,7 +166,7 @@ def _one_cause(result: grading.GradeResult, path: Path, lab) -> str:
 MESSAGE_CHARS = 400  # of a message's first line in the table (it wraps); --json keeps every line
 
 
-def _print_result(result: grading.GradeResult, lab) -> None:
+def _print_result(result: records.GradeResult, lab) -> None:
     """The grade table; readable in an 80-column terminal: long test names fold (never
     cut), a parametrized test's case id goes on its own line, messages wrap."""
     table = Table(title=f"Lab {lab.number} — {lab.title}: {result.submission}")

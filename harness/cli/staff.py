@@ -19,7 +19,8 @@ from rich.markup import escape  # names and statuses are the students' text, nev
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from .. import classroom, container, gradebook as gradebook_api, gradescope, grading, nbgrader_export, release, scaffold
+from .. import (archives, classroom, container, gradebook as gradebook_api, gradescope, grading, nbgrader_export, release,
+               scaffold)
 from ..errors import ExitCode, LabsError
 from ..manifest import LabPaths
 from .common import course_of
@@ -61,7 +62,7 @@ def _gpu_max(rows) -> float:
 @click.option("--sandbox", type=click.Choice(grading.SANDBOXES), default=None,
               help="Where the graders run: docker or process (default: as for `labs grade`).")
 @click.option("--force", is_flag=True, help="Regrade every submission, even those already graded in OUT.")
-@click.option("--max-unpacked-mb", type=int, default=classroom.DEFAULT_MAX_UNPACKED_MB, show_default=True,
+@click.option("--max-unpacked-mb", type=int, default=archives.DEFAULT_MAX_UNPACKED_MB, show_default=True,
               help="Refuse archives that unpack to more than this.")
 @click.pass_context
 def grade_all_command(ctx, submissions, lab_number, jobs, out_dir, gradebook, timeout_s, sandbox, force,

@@ -94,7 +94,7 @@ class Result(Base):
     max_score: Mapped[float] = mapped_column(Float)
     max_runnable: Mapped[float] = mapped_column(Float)
     status: Mapped[str] = mapped_column(Text)
-    kind: Mapped[str] = mapped_column(String(16))  # ok, student_error, timeout (classroom.Status)
+    kind: Mapped[str] = mapped_column(String(16))  # ok, student_error, timeout (records.Status)
     perf_ratio: Mapped[float | None] = mapped_column(Float, nullable=True)  # median of the run's perf ratios
     gpu_model: Mapped[str] = mapped_column(String(200), default="cpu")
     host: Mapped[str] = mapped_column(Text, default="{}")  # `labs runner doctor` of the grading host, JSON

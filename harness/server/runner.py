@@ -1,6 +1,6 @@
 """Grading one job of the course server, and the embedded dispatchers.
 
-A job is graded by exactly the pipeline of ``labs grade-all`` (``classroom.grade_one``:
+A job is graded by exactly the pipeline of ``labs grade-all`` (``classroom.grade_row``:
 archive checks, staging, hidden graders in the sandbox, scores): the runner writes the
 stored upload to a temporary file and hands it over; it never imports or runs a
 submission itself. ``grade_job`` returns the outcome, or raises ``InfraError`` when the
@@ -29,12 +29,12 @@ from typing import Callable
 
 import torch
 
-from .. import classroom, grading, manifest
+from .. import classroom, grading, manifest, records
 from ..errors import LabsError
 from ..manifest import Course
 from . import db, service
 
-INFRA_KINDS = (classroom.Status.INFRA_ERROR.value,)
+INFRA_KINDS = (records.Status.INFRA_ERROR.value,)
 
 
 class InfraError(LabsError):
@@ -97,7 +97,7 @@ def grade_job(course: Course, lab_number: str, student: str, filename: str, blob
     with tempfile.TemporaryDirectory(prefix="labs-job-") as tmp:
         archive = Path(tmp) / Path(filename).name
         archive.write_bytes(blob)
-        row = classroom.grade_one(classroom.Submission(student, archive), lab, course, timeout_s=timeout_s,
+        row = classroom.grade_row(classroom.Submission(student, archive), lab, course, timeout_s=timeout_s,
                                   sandbox=sandbox)
     if row.kind.value in INFRA_KINDS:
         raise InfraError(row.status)

@@ -29,7 +29,7 @@ from sqlalchemy import case, func, select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
-from .. import classroom, grading, impl as _impl
+from .. import archives, grading, impl as _impl, records
 from ..grading import pack_module  # noqa: F401  (service.pack_module: what `labs submit` uploads)
 from ..errors import LabsError
 from ..manifest import Course, Lab, LabPaths
@@ -137,7 +137,7 @@ def upload_name(filename: str, lab: Lab) -> str:
     ``NN<archive suffix>`` when that is too long for a file name or not printable (a
     crafted name must not fail the intake, or a runner, with an OSError)."""
     name = Path(filename.replace("\\", "/")).name
-    stem = classroom.archive_stem(name)
+    stem = archives.archive_stem(name)
     if stem is not None and (len(name.encode()) > 100 or not name.isprintable()):
         name = lab.number + name[len(stem):]
     return name
@@ -145,18 +145,18 @@ def upload_name(filename: str, lab: Lab) -> str:
 
 def module_of(data: bytes, filename: str, lab: Lab, max_bytes: int) -> bytes:
     """The lab's module inside upload ``data`` (an archive named ``filename``), through
-    grade-all's archive checks (``classroom.unpack``: size, members, links, paths).
+    grade-all's archive checks (``archives.unpack``: size, members, links, paths).
     Raises Rejected(422) saying what is wrong."""
-    if classroom.archive_stem(filename) is None:
-        raise Rejected(422, f"{filename!r} is not an archive ({', '.join(classroom.ARCHIVES)}); "
+    if archives.archive_stem(filename) is None:
+        raise Rejected(422, f"{filename!r} is not an archive ({', '.join(archives.ARCHIVES)}); "
                             f"`labs submit {lab.number}` packs {LabPaths.of(lab).stub}")
     with tempfile.TemporaryDirectory(prefix="labs-intake-") as tmp:
         archive = Path(tmp) / Path(filename).name
         archive.write_bytes(data)
         try:
-            root = classroom.unpack(archive, Path(tmp) / "unpacked", max_bytes)
+            root = archives.unpack(archive, Path(tmp) / "unpacked", max_bytes)
             return grading.read_module(_impl.locate(root, lab), root)
-        except (classroom.UnpackError, _impl.ImplError) as e:
+        except (archives.UnpackError, _impl.ImplError) as e:
             raise Rejected(422, f"{filename}: {str(e).replace(tmp, '<upload>')}") from None
 
 
@@ -425,7 +425,7 @@ def result_view(result: Result, show_tests: bool) -> dict:
     view = {"score": result.score, "max_score": result.max_score, "max_score_runnable": result.max_runnable,
             "status": result.status, "kind": result.kind, "gpu_model": result.gpu_model,
             "perf_ratio": result.perf_ratio, "graded_at": result.graded_at, "duration_s": result.duration_s,
-            "parts": grading.part_scores(data), "output": data.get("output", ""),
+            "parts": records.part_scores(data), "output": data.get("output", ""),
             "late_days": data.get("extra_data", {}).get("late_days", 0)}
     if show_tests:
         view["tests"] = [{k: t.get(k) for k in ("name", "score", "max_score", "status", "output")}
