@@ -474,6 +474,7 @@ def test_grade_task_retries_infrastructure_failures_twice_and_never_a_students_r
     an infrastructure failure is POSTed and retried at most twice, after which the
     server marks the job failed; a wrong answer is one result, final; a second
     delivery of a done job, or of one held by a live lease, stores nothing."""
+    from harness.errors import InfraFailure
     from harness.server import pool, runner
 
     sc = plain_server
@@ -484,7 +485,7 @@ def test_grade_task_retries_infrastructure_failures_twice_and_never_a_students_r
 
     def broken(*a, **kw):
         calls.append(a[1])
-        raise runner.InfraError("the sandbox could not start")
+        raise InfraFailure("the sandbox could not start")
 
     monkeypatch.setattr(runner, "grade_job", broken)
     job = _submit(sc, 0, 0, TOY_SOLUTION)

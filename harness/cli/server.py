@@ -7,7 +7,6 @@ is ``--db URL`` (or ``LABS_DB``), by default SQLite in the course's ``.labs-staf
 from __future__ import annotations
 
 import csv
-import json
 import os
 import signal
 import time
@@ -32,7 +31,7 @@ def _url(course, db: str | None) -> str:
 
 def _sessions(course, db):
     from ..server import db as _db
-    return _db.sessions(_url(course, db))
+    return _db.sessions(_url(course, db), course)
 
 
 def _secret(course) -> bytes:
@@ -300,7 +299,7 @@ def gradebook_push(ctx, lab_number, gradebook, db):
     course = course_of(ctx)
     lab = course.lab(lab_number)
     with _sessions(course, db)() as s:
-        rows = [(name, json.loads(res.data)) for name, res, _sub in service.newest_results(s, lab.number)]
+        rows = [(name, service.results_json(course, res)) for name, res, _sub in service.newest_results(s, lab.number)]
     try:
         book = gradebook_api.GradebookWriter(gradebook, lab)
         try:

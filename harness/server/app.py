@@ -13,7 +13,6 @@ from __future__ import annotations
 import base64
 import csv
 import io
-import json
 import math
 import threading
 from contextlib import asynccontextmanager
@@ -33,15 +32,6 @@ from .service import Rejected
 
 COOKIE = "labs_token"
 Publish = Callable[[int, str], None]  # (job id, queue): hand a job id to a broker
-
-
-class Outcome(BaseModel):
-    kind: str
-    status: str
-    results: dict
-    duration_s: float = 0.0
-    host: dict = {}
-    gpu_model: str = "cpu"
 
 
 class Failure(BaseModel):
@@ -82,7 +72,7 @@ def create_app(course: Course, url: str, *, publish: Publish | None = None, reap
     each job id a broker must carry (Celery pool mode), after the job is stored; None for
     the embedded runners, which poll the database. A background thread reaps expired
     leases every ``reap_every_s`` (and republishes what it put back)."""
-    Sessions = db.sessions(url)
+    Sessions = db.sessions(url, course)
     secret = _secret(course)
     stop = threading.Event()
 
@@ -220,8 +210,9 @@ def create_app(course: Course, url: str, *, publish: Publish | None = None, reap
         return {"held": service.renew(s, job_id, who.name, clock(), lease_s)}
 
     @app.post("/api/runner/jobs/{job_id}/complete")
-    def complete(job_id: int, outcome: Outcome, who: Account = Depends(runner), s: Session = Depends(session)):
-        return {"stored": service.complete(s, job_id, who.name, outcome.model_dump(), clock(), course)}
+    def complete(job_id: int, outcome: service.Outcome, who: Account = Depends(runner),
+                 s: Session = Depends(session)):
+        return {"stored": service.complete(s, job_id, who.name, outcome, clock(), course)}
 
     @app.post("/api/runner/jobs/{job_id}/fail")
     def fail(job_id: int, body: Failure, who: Account = Depends(runner), s: Session = Depends(session)):
@@ -252,7 +243,7 @@ def create_app(course: Course, url: str, *, publish: Publish | None = None, reap
         job = sub.jobs[-1]
         done = [j for j in sub.jobs if j.result is not None]
         return {"id": sub.id, "state": job.state, "error": job.error if job.state == "failed" else "",
-                "results": json.loads(done[-1].result.data) if done else None,
+                "results": service.results_json(course, done[-1].result) if done else None,
                 "gpu_model": done[-1].result.gpu_model if done else None}
 
     @app.get("/api/staff/overview")

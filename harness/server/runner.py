@@ -1,9 +1,9 @@
 """Grading one job of the course server, and the embedded dispatchers.
 
-A job is graded by exactly the pipeline of ``labs grade-all`` (``classroom.grade_row``:
-archive checks, staging, hidden graders in the sandbox, scores): the runner writes the
-stored upload to a temporary file and hands it over; it never imports or runs a
-submission itself. ``grade_job`` returns the outcome, or raises ``InfraError`` when the
+A job is graded by exactly the pipeline of ``labs grade-all`` (``grading.grade_one``:
+staging, hidden graders in the sandbox, scores) on the module the server validated and
+stored at intake; the runner never imports or runs a submission itself. ``grade_job``
+returns the typed record (``records.Graded``), or raises ``InfraFailure`` when the
 infrastructure failed (the job is retried, never scored 0).
 
 ``Dispatcher`` is one embedded runner (``labs serve --runner local``): a process per
@@ -14,31 +14,23 @@ lease, renews it while it grades, and stores the result. Celery workers
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import shutil
 import signal
 import socket
 import subprocess
 import sys
-import tempfile
 import threading
-import time
 from pathlib import Path
 from typing import Callable
 
 import torch
 
-from .. import classroom, grading, manifest, records
-from ..errors import LabsError
-from ..manifest import Course
+from .. import grading, manifest
+from ..errors import InfraFailure
+from ..manifest import Course, LabPaths
+from ..records import Graded
 from . import db, service
-
-INFRA_KINDS = (records.Status.INFRA_ERROR.value,)
-
-
-class InfraError(LabsError):
-    """Grading could not produce a grade through no fault of the submission."""
 
 
 def _smi(*fields: str) -> list[str] | None:
@@ -88,21 +80,17 @@ def _image_state(tag: str) -> str:
         return f"{tag}: not available ({type(e).__name__})"
 
 
-def grade_job(course: Course, lab_number: str, student: str, filename: str, blob: bytes, *,
-              sandbox: str | None = None, timeout_s: float | None = None) -> dict:
-    """Grade one stored upload with grade-all's pipeline; returns the outcome
-    (``kind``, ``status``, ``results``: results.json, ``duration_s``). Raises InfraError
-    for an infrastructure failure (the sandbox could not start, the graders crashed)."""
+def grade_job(course: Course, lab_number: str, module: bytes, *, sandbox: str | None = None,
+              timeout_s: float | None = None) -> Graded:
+    """Grade one stored module with grade-all's pipeline (``grading.grade_one``); returns
+    its record. Raises InfraFailure for an infrastructure failure (the sandbox could not
+    start, the graders crashed): the job is retried, never scored."""
     lab = course.lab(lab_number)
-    with tempfile.TemporaryDirectory(prefix="labs-job-") as tmp:
-        archive = Path(tmp) / Path(filename).name
-        archive.write_bytes(blob)
-        row = classroom.grade_row(classroom.Submission(student, archive), lab, course, timeout_s=timeout_s,
-                                  sandbox=sandbox)
-    if row.kind.value in INFRA_KINDS:
-        raise InfraError(row.status)
-    row.results.get("extra_data", {}).pop("submission", None)  # a temporary path of this host
-    return {"kind": row.kind.value, "status": row.status, "results": row.results, "duration_s": row.duration_s}
+    stored = grading.Module(module, LabPaths.of(lab).in_impl("").as_posix())
+    graded = grading.grade_one(stored, lab, course, timeout_s=timeout_s, sandbox=sandbox)
+    if graded.retry:
+        raise InfraFailure(graded.status)
+    return graded
 
 
 class Heartbeat(threading.Thread):
@@ -136,7 +124,7 @@ class Dispatcher:
 
     def __init__(self, url: str, course: Course, owner: str, *, lease_s: float = service.LEASE_S,
                  poll_s: float = 0.5, sandbox: str | None = None):
-        self.sessions = db.sessions(url)
+        self.sessions = db.sessions(url, course)
         self.course, self.owner, self.lease_s, self.poll_s, self.sandbox = course, owner, lease_s, poll_s, sandbox
         self.host = doctor(course)
         self.stop = threading.Event()
@@ -148,8 +136,7 @@ class Dispatcher:
             job = service.claim(s, self.owner, service.clock(), lease_s=self.lease_s)
             if job is None:
                 return False
-            sub = job.submission
-            args = (sub.lab, sub.account.name, sub.filename, sub.blob)
+            args = (job.submission.lab, job.submission.blob)
             job_id = job.id
 
         def renew():
@@ -159,13 +146,13 @@ class Dispatcher:
         with Heartbeat(renew, self.lease_s / 4):
             try:
                 outcome = grade_job(self.course, *args, sandbox=self.sandbox)
-            except Exception as e:  # noqa: BLE001 - InfraError or a harness bug: never the student's 0
+            except Exception as e:  # noqa: BLE001 - InfraFailure or a harness bug: never the student's 0
                 with self.sessions() as s:
                     service.fail(s, job_id, self.owner, f"{type(e).__name__}: {e}", service.clock())
                 return True
-        outcome.update(host=self.host, gpu_model=self.host["gpu_model"])
         with self.sessions() as s:
-            service.complete(s, job_id, self.owner, outcome, service.clock(), self.course)
+            service.complete(s, job_id, self.owner, service.Outcome(outcome, self.host, self.host["gpu_model"]),
+                             service.clock(), self.course)
         return True
 
     def run(self) -> None:

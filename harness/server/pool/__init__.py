@@ -29,7 +29,7 @@ host's runner token. A lost or repeated message therefore loses or doubles nothi
   renewing; the server's reaper puts the job back in the queue and publishes its id
   again; its unacknowledged message comes back only after the visibility timeout and
   finds the job done (a quiet duplicate).
-* **Retries**: an infrastructure failure (``runner.InfraError``, the soft time limit,
+* **Retries**: an infrastructure failure (``InfraFailure``, the soft time limit,
   a harness bug) is POSTed as ``fail`` (the server re-queues the job, or marks it
   failed after ``service.MAX_ATTEMPTS``) and retried with exponential backoff, at most
   ``INFRA_RETRIES`` (2) times. A student's timeout, crash or wrong answer is a result:
@@ -270,12 +270,11 @@ def grade(self, job_id: int) -> str:
     failure = None
     with runner.Heartbeat(renew, lease_s / 4) as hb:
         try:
-            outcome = runner.grade_job(host.course, job["lab"], job["student"], job["filename"],
-                                       base64.b64decode(job["blob"]), sandbox=cfg.get("sandbox"),
-                                       timeout_s=job.get("timeout_s"))
+            graded = runner.grade_job(host.course, job["lab"], base64.b64decode(job["blob"]),
+                                      sandbox=cfg.get("sandbox"), timeout_s=job.get("timeout_s"))
         except SoftTimeLimitExceeded:
             failure = f"the grading task exceeded its soft time limit ({app.conf.task_soft_time_limit:.0f} s)"
-        except Exception as e:  # noqa: BLE001 - InfraError or a harness bug: never the student's 0
+        except Exception as e:  # noqa: BLE001 - InfraFailure or a harness bug: never the student's 0
             failure = f"{type(e).__name__}: {e}"
     if hb.lost.is_set():
         log.warning("labs: job %s: the lease was lost while grading (reaped); sending the result anyway", job_id)
@@ -286,14 +285,14 @@ def grade(self, job_id: int) -> str:
         if state == "queued" and retries < INFRA_RETRIES:
             raise self.retry(countdown=BACKOFF_S * 2 ** retries, max_retries=INFRA_RETRIES)
         return f"job {job_id}: infrastructure failure, job {state}"
-    outcome.update(host=host.info, gpu_model=host.info["gpu_model"])
+    outcome = {"record": graded.to_json(), "host": host.info, "gpu_model": host.info["gpu_model"]}
     got = _call("POST", f"/api/runner/jobs/{job_id}/complete", json=outcome, patience_s=2 * PATIENCE_S)
     if got is None:
         return f"job {job_id}: graded, but the server did not take the result; the reaper re-queues it"
     if got.status_code != 200:
         raise _refused(got)
     stored = got.json().get("stored")
-    log.info("labs: job %s: %s (%s, %.1f s)%s", job_id, outcome["kind"], outcome["status"], outcome["duration_s"],
+    log.info("labs: job %s: %s (%s, %.1f s)%s", job_id, graded.kind.value, graded.status, graded.duration_s,
              "" if stored else "; a result was already stored (dropped)")
     return f"job {job_id}: {'stored' if stored else 'duplicate result dropped'}"
 
