@@ -623,6 +623,49 @@ def test_concurrent_reapers_count_one_attempt_and_one_reports_it(server):
         assert {(j.state, j.attempts) for j in s.query(Job)} == {("queued", 1)}
 
 
+def test_one_job_loop_completes_a_record_and_fails_an_infrastructure_failure(monkeypatch):
+    """``jobs.work``, the frame the embedded dispatcher and a pool worker both run: a
+    record is completed with where it was graded, under a lease renewed while it grades
+    (a renewal refused: the lease was lost, the record is sent anyway); an
+    infrastructure failure is failed with why, never completed."""
+    from harness.errors import InfraFailure
+    from harness.records import GradeResult, Graded
+    from harness.server import jobs
+
+    class Fake:  # the server's side of the jobs, as the database or the runner API answers
+        def __init__(self, lease_s):
+            self.lease_s, self.calls = lease_s, []
+
+        def renew(self, job_id):
+            self.calls.append(("renew", job_id))
+            return False
+
+        def complete(self, job_id, outcome):
+            self.calls.append(("complete", job_id, outcome.record.status, outcome.gpu_model))
+            return True
+
+        def fail(self, job_id, reason):
+            self.calls.append(("fail", job_id, reason))
+            return "queued"
+
+    graded = Graded.of(GradeResult("07", "", 1, [], 0.0), lab_points=10.0)
+    monkeypatch.setattr(jobs, "grade_job", lambda *a, **kw: (time.sleep(0.2), graded)[1])
+    job = jobs.Claimed(7, "07", b"x = 1\n")
+    fake = Fake(lease_s=0.04)
+    done = jobs.work(fake, job, None, {"gpu_model": "h100"})
+    assert done.graded is graded and done.stored is True and done.lease_lost
+    assert fake.calls[0] == ("renew", 7) and fake.calls[-1] == ("complete", 7, "ok", "h100")
+
+    def broken(*a, **kw):
+        raise InfraFailure("the sandbox could not start")
+
+    monkeypatch.setattr(jobs, "grade_job", broken)
+    fake = Fake(lease_s=3600)
+    done = jobs.work(fake, job, None, {"gpu_model": "cpu"})
+    assert done.graded is None and done.state == "queued" and "the sandbox could not start" in done.failure
+    assert fake.calls == [("fail", 7, done.failure)]
+
+
 def test_complete_twice_stores_one_result(server):
     from harness.server import service
     from harness.server.db import Job, Result

@@ -19,8 +19,8 @@ from rich.markup import escape  # names and statuses are the students' text, nev
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from .. import (archives, classroom, container, gradebook as gradebook_api, gradescope, grading, nbgrader_export, release,
-               scaffold)
+from .. import (archives, classroom, container, gradebook as gradebook_api, gradescope, grading, nbgrader_export,
+               release, scaffold)
 from ..errors import ExitCode, LabsError
 from ..manifest import LabPaths
 from .common import course_of

@@ -310,6 +310,9 @@ class Outcome:
     host: dict = field(default_factory=dict)
     gpu_model: str = "cpu"
 
+    def to_json(self) -> dict:
+        return {"record": self.record.to_json(), "host": self.host, "gpu_model": self.gpu_model}
+
 
 def late_factor(course: Course, sub: Submission) -> float:
     """What a late submission's score is multiplied by (1.0 on time, or without a penalty)."""
