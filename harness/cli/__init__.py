@@ -19,7 +19,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from .. import container, files, grading, manifest, progress, records
+from .. import container, files, grading, manifest, progress, progress_report, records
 from ..errors import LabsError
 from .common import console, course_of
 from .submit import COMMANDS as SUBMIT_COMMANDS
@@ -207,11 +207,11 @@ def progress_command(ctx, lab_number, as_json, html_path):
     manifest.require_folder(html_path, "--html")
     lab = course.lab(lab_number).number if lab_number else None
     try:
-        summary = progress.summarize(course, lab=lab)
+        summary = progress_report.summarize(course, lab=lab)
     except progress.ProgressError as e:
         raise LabsError(str(e), hint="set LABS_PROGRESS_DB to another file, or `labs reset`") from None
     if html_path:
-        files.write_atomic(html_path, progress.render_html(summary, course), perms=files.SHARED)
+        files.write_atomic(html_path, progress_report.render_html(summary, course), perms=files.SHARED)
         click.echo(f"labs: wrote {html_path}", err=True)
     if as_json:
         click.echo(json.dumps(summary, indent=2))
@@ -219,9 +219,9 @@ def progress_command(ctx, lab_number, as_json, html_path):
     if html_path:
         return
     table = Table(title=f"{course.name}: local progress", box=box.SIMPLE_HEAD, pad_edge=False)
-    for c in progress.SHORT_COLUMNS:
+    for c in progress_report.SHORT_COLUMNS:
         table.add_column(c, justify="right" if c in ("Runs", "Grades") else "left", no_wrap=c != "Best perf")
-    for is_lab, cells in progress.table_rows(summary, short=True):
+    for is_lab, cells in progress_report.table_rows(summary, short=True):
         table.add_row(*cells, style="bold" if is_lab else None)
     Console(highlight=False, width=None if sys.stdout.isatty() else 140).print(table)
     click.echo(f"Visible: tests passed at the last `pytest labs/NN`; grades: local `labs grade` scores; "
