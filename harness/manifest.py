@@ -7,6 +7,7 @@ this file: adding lab NN changes no harness code.
 """
 from __future__ import annotations
 
+import dataclasses
 import functools
 import os
 import re
@@ -156,6 +157,75 @@ class Lab(_Strict):
         return f"{self.module}.py"
 
 
+@dataclasses.dataclass(frozen=True)
+class LabPaths:
+    """Where one lab's files lie in a course tree: the one place that spells
+    ``labs/NN/<module>.py`` (nbgrader's ``CourseDirectory.format_path``). ``root`` is the
+    course root (``Course.paths(lab)``), a checkout or an unpacked submission, or
+    ``Path()`` for the paths as messages name them (``relative``)."""
+
+    root: Path
+    number: str
+    filename: str  # <module>.py
+
+    @classmethod
+    def of(cls, lab: "Lab", root: Path | str = Path()) -> "LabPaths":
+        """The paths of ``lab`` under ``root`` (default: relative to the course root)."""
+        return cls(Path(root), lab.number, lab.filename)
+
+    @property
+    def relative(self) -> "LabPaths":
+        """The same paths relative to the root (``labs/04/flash_attention.py``): for messages."""
+        return dataclasses.replace(self, root=Path())
+
+    @property
+    def folder(self) -> Path:
+        """``labs/NN/``: what students get (handout, stub, visible tests)."""
+        return self.root / "labs" / self.number
+
+    @property
+    def stub(self) -> Path:
+        """``labs/NN/<module>.py``: the stub in the course, the student's module in a checkout."""
+        return self.folder / self.filename
+
+    @property
+    def handout(self) -> Path:
+        return self.folder / "README.md"
+
+    @property
+    def reference(self) -> Path:
+        """``solutions/NN/<module>.py``."""
+        return self.root / "solutions" / self.number / self.filename
+
+    @property
+    def folders(self) -> tuple[Path, ...]:
+        """The folders the lab owns (``labs new`` makes them, all or none): ``labs/NN``,
+        ``solutions/NN``, ``graders/NN``, ``tests/mutants/NN``."""
+        return self.folder, self.root / "solutions" / self.number, self.graders, self.mutants
+
+    @property
+    def graders(self) -> Path:
+        """``graders/NN/``: the hidden graders."""
+        return self.root / "graders" / self.number
+
+    @property
+    def mutants(self) -> Path:
+        return self.root / "tests" / "mutants" / self.number
+
+    @property
+    def exploits(self) -> Path:
+        return self.root / "tests" / "exploits" / self.number
+
+    @property
+    def variants(self) -> Path:
+        return self.root / "tests" / "variants" / self.number
+
+    def in_impl(self, impl_root: Path | str) -> Path:
+        """``IMPL/NN/<module>.py``: the module in an implementation folder (``--impl PATH``,
+        a staged submission, an upload's one member)."""
+        return Path(impl_root) / self.number / self.filename
+
+
 class RateLimit(_Strict):
     """A token bucket per student and lab (the course server's intake): ``burst``
     submissions at once, refilled at ``per_hour``; over it a submission gets HTTP 429
@@ -228,6 +298,11 @@ class Course(_Strict):
                                 hint="`labs list` shows the labs")
         return self.labs[key]
 
+    def paths(self, lab: Lab) -> LabPaths:
+        """Every path of ``lab`` in this course (stub, handout, reference, graders, mutants,
+        exploits, variants)."""
+        return LabPaths.of(lab, self.root or Path())
+
     def staff_output(self, path: Path | None, default: str, option: str) -> Path:
         """Where a staff command writes (grades, autograder zips, nbgrader courses):
         ``path``, else ``<course>/.labs-staff/<default>`` (created, mode 0700). Raises
@@ -288,11 +363,11 @@ def _check_tree(course: Course, path: Path) -> None:
     """A lab whose folder ``labs/NN/`` is in this tree must hold the module ``labs.yaml``
     names (a tree may hold only some labs: a Gradescope zip, a release with ``--lab``)."""
     for num, lab in sorted(course.labs.items()):
-        folder = course.root / "labs" / num
-        if folder.is_dir() and not (folder / lab.filename).is_file():
-            there = sorted(p.name for p in folder.glob("*.py") if not p.name.startswith("test_"))
+        paths = course.paths(lab)
+        if paths.folder.is_dir() and not paths.stub.is_file():
+            there = sorted(p.name for p in paths.folder.glob("*.py") if not p.name.startswith("test_"))
             raise ManifestError(f"{path}: invalid course manifest: labs.{num}.module: {lab.module!r} names "
-                                f"labs/{num}/{lab.filename}, which does not exist (labs/{num} holds "
+                                f"{paths.relative.stub}, which does not exist (labs/{num} holds "
                                 f"{', '.join(there) or 'no module'})",
                                 hint=f"fix `labs.{num}.module` in {path.name} or rename the file")
 

@@ -87,7 +87,7 @@ def main() -> int:
                 hang = Path(tmp) / f"hang{n}" / n / lab.filename
                 hang.parent.mkdir(parents=True)
                 hang.write_text(HANG)
-                row, hw, _ = timed(clock, lambda: classroom.grade_one(
+                row, hw, _ = timed(clock, lambda: classroom.grade_row(
                     classroom.Submission("hang", hang.parent.parent), lab, course))
                 total_w += w
                 total_c += c or 0.0
