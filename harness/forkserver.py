@@ -34,7 +34,7 @@ WARM_MODULES = ("torch", "torch._dynamo", "torch.utils.flop_counter", "torch.dis
                 "harness.sandbox.ranks", "harness.sandbox.timing", "harness.progress")
 
 
-def _die_with_parent() -> None:
+def die_with_parent() -> None:
     """Ask Linux to SIGKILL this process when its parent dies (``PR_SET_PDEATHSIG``), so a killed
     `labs grade-all` leaves no grader running (a run's own session escapes the terminal's
     process-group signal). A no-op elsewhere."""
@@ -53,7 +53,7 @@ def serve() -> None:
     closes its end (stdin is the socket)."""
     import importlib
     import selectors
-    _die_with_parent()
+    die_with_parent()
     for name in WARM_MODULES:
         with contextlib.suppress(ImportError):
             importlib.import_module(name)
@@ -106,7 +106,7 @@ def _child(req: dict, fds: list) -> None:
     ``pytest.main``; never returns."""
     code = 70
     try:
-        _die_with_parent()  # the server: which dies with the grading process
+        die_with_parent()  # the server: which dies with the grading process
         os.setsid()
         signal.set_wakeup_fd(-1)
         signal.signal(signal.SIGCHLD, signal.SIG_DFL)
@@ -236,7 +236,7 @@ def run(argv: list, *, cwd, env: dict, timeout: float | None) -> tuple[int, str,
                 return _SERVER[0].run(argv, cwd=cwd, env=env, timeout=timeout)
     proc = subprocess.Popen([sys.executable, "-m", "pytest", *map(str, argv)], cwd=cwd, env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True,
-                            preexec_fn=_die_with_parent)
+                            preexec_fn=die_with_parent)
     try:
         out, _ = proc.communicate(timeout=timeout)
         return proc.returncode, out, False

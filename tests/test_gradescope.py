@@ -234,6 +234,7 @@ def _bridge_server(course_root, tmp_path):
     threading.Thread(target=server.run, daemon=True).start()
     with app.state.sessions() as s:
         token = service.add_account(s, "gradescope", "bridge", b"k", now=time.time())
+        service.add_account(s, "ada", "student", b"k", email="ada@uni.edu", now=time.time())  # the roster
     dispatcher = runner.Dispatcher(url, course, "test-gpu-host", poll_s=0.2)
     threading.Thread(target=dispatcher.run, daemon=True).start()
     while not server.started:
@@ -282,7 +283,7 @@ def test_gradescope_forwards_the_module_to_the_course_server_and_reports_its_gra
     assert r["score"] == pytest.approx(6.5) and len(r["tests"]) == 5
     with app.state.sessions() as s:  # the student Gradescope named, one submission, graded once
         acc = s.scalar(select(db.Account).where(db.Account.email == "ada@uni.edu"))
-        assert acc is not None and acc.role == "student" and acc.name == "Ada L"
+        assert acc is not None and acc.role == "student" and acc.name == "ada"  # the roster's, not the display name
         subs = s.scalars(select(db.Submission).where(db.Submission.account_id == acc.id)).all()
         assert len(subs) == 1 and len(subs[0].jobs) == 1 and subs[0].jobs[0].result.runner == "test-gpu-host"
 
@@ -311,5 +312,39 @@ def test_bridge_routes_need_the_bridge_token(toy_course, tmp_path):
         assert httpx.get(f"{url}/api/bridge/submissions/x", headers={"Authorization": "Bearer wrong"}).status_code == 401
         assert httpx.get(f"{url}/api/bridge/submissions/nope",
                          headers={"Authorization": f"Bearer {token}"}).status_code == 404
+    finally:
+        stop()
+
+
+def test_bridge_binds_a_forward_to_a_roster_e_mail_only(toy_course, tmp_path):
+    """A forward is filed under the roster account whose e-mail Gradescope gives, never under
+    a display name: a roster student's name with an e-mail not on the roster is refused
+    (403, nothing filed), as is no e-mail; the roster e-mail in another case is that student."""
+    import httpx
+    from sqlalchemy import func, select
+
+    from harness import grading, manifest
+    from harness.server import db
+    url, token, stop, app = _bridge_server(toy_course, tmp_path)
+    auth = {"Authorization": f"Bearer {token}"}
+    module = tmp_path / "sub" / "toy.py"
+    module.parent.mkdir()
+    module.write_text(TOY_SOLUTION)
+    blob = grading.pack_module(module, manifest.load(toy_course).lab("07"))
+
+    def forward(**data):
+        return httpx.post(f"{url}/api/bridge/submissions", data={"lab": "07", **data}, headers=auth,
+                          files={"file": ("07.tar.gz", blob, "application/gzip")})
+    try:
+        r = forward(student="ada", email="mallory@evil.example")
+        assert r.status_code == 403 and "no roster account has the e-mail" in r.json()["detail"], r.text
+        assert forward(student="ada").status_code == 422
+        with app.state.sessions() as s:
+            assert s.scalar(select(func.count()).select_from(db.Submission)) == 0
+            assert s.scalar(select(func.count()).select_from(db.Account)) == 2  # no account made
+        r = forward(email="ADA@uni.edu")
+        assert r.status_code == 201, r.text
+        with app.state.sessions() as s:
+            assert s.get(db.Submission, r.json()["id"]).account.name == "ada"
     finally:
         stop()

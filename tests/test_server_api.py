@@ -692,6 +692,31 @@ def test_complete_twice_stores_one_result(server):
         assert s.query(Result).count() == 2
 
 
+def test_only_the_lease_holder_of_a_running_job_completes_it(server):
+    """A result from a runner that never claimed the job, for a queued job, or after its
+    lease was reaped and the job given to another is dropped: no score for any job from
+    anyone but the runner grading it now (over HTTP too)."""
+    from harness.server import service
+    from harness.server.db import Job, Result
+
+    srv = server()
+    job_id, _ = _queued(srv, "alice", 1)
+    now = srv.clock()
+    with srv.sessions() as s:
+        assert service.complete(s, job_id, "r1", record(score=10.0), now, srv.course) is False  # queued: no holder
+        service.claim(s, "r1", now, job_id=job_id, lease_s=10)
+        assert service.complete(s, job_id, "r2", record(score=10.0), now + 1, srv.course) is False  # not r2's
+        assert service.reap(s, now + 11) == [job_id]
+        service.claim(s, "r2", now + 12, job_id=job_id, lease_s=10)
+        assert service.complete(s, job_id, "r1", record(score=10.0), now + 13, srv.course) is False  # r1 reaped
+        assert s.query(Result).count() == 0 and s.get(Job, job_id, populate_existing=True).state == "running"
+    r = srv.client.post(f"/api/runner/jobs/{job_id}/complete", json=outcome(score=10.0), headers=srv.h("r1"))
+    assert r.json() == {"stored": False}
+    with srv.sessions() as s:
+        assert service.complete(s, job_id, "r2", record(), now + 14, srv.course) is True
+        assert s.query(Result).one().runner == "r2"
+
+
 def test_concurrent_completes_of_one_job_store_one_result(server):
     from harness.server import service
     from harness.server.db import Result
@@ -920,6 +945,22 @@ def test_oversized_or_unsized_upload_is_refused_before_its_body_is_read(toy_cour
                 sock.sendall(start + header + b"\r\n" + chunk + part)
                 answer = sock.recv(4096)
             assert answer.startswith(b"HTTP/1.1 " + status), (start[:40], header, answer[:200])
+        # a body that declares no length (chunked) or less than it sends is cut at the cap by the bytes
+        # read, before any route (and its token check) sees it: 12 MiB of JSON or form, no token, answered 413
+        big = b"x" * (1 << 20)
+        form = [b"&t=" + b"x" * (512 << 10)] * 24  # fields under the form parser's own 1 MiB per field
+        for start, header, body in [
+                (runner, b"Transfer-Encoding: chunked\r\n", b"".join(b"%x\r\n%s\r\n" % (len(big), big)
+                                                                       for _ in range(12)) + b"0\r\n\r\n"),
+                (b"POST /login HTTP/1.1\r\nHost: x\r\nContent-Type: application/x-www-form-urlencoded\r\n",
+                 b"Transfer-Encoding: chunked\r\n", b"".join(b"%x\r\n%s\r\n" % (len(f), f) for f in form) + b"0\r\n\r\n")]:
+            with socket.create_connection(("127.0.0.1", port), timeout=10) as sock:
+                try:
+                    sock.sendall(start + header + b"\r\n" + body)
+                except (BrokenPipeError, ConnectionResetError):
+                    pass  # the server answered and closed before taking it all
+                answer = sock.recv(4096)
+            assert answer.startswith(b"HTTP/1.1 413"), (start[:40], answer[:200])
 
 
 # --- load: a burst of submissions against a real server ---------------------------------------

@@ -129,3 +129,22 @@ def test_calibrate_without_a_gpu_says_so_and_prints_the_cpu_ratios(toy_course, t
     row = got["labs"][0]["perf"]["add_vs_torch"]
     assert row["ratio"] == 2.0 and row["credit"] == 0.5 and got["host"]["gpu_model"] == "cpu"
     assert got["labs"][0]["not_run"] == []  # only the perf tests ran (the toy lab has no GPU perf test)
+
+
+def test_runner_token_comes_from_a_private_file_never_the_command_line(toy_course, tmp_path):
+    """`labs runner` has no --token: the token is in $LABS_RUNNER_TOKEN or a 0600 file; a file
+    others can read is refused, naming it and the fix, before anything starts."""
+    token = tmp_path / "token"
+    token.write_text("s3cret\n")
+    token.chmod(0o644)
+    env = {k: v for k, v in os.environ.items() if k != "LABS_RUNNER_TOKEN"}
+    args = ("runner", "--broker", "redis://127.0.0.1:1/0", "--server", "http://127.0.0.1:1")
+    r = labs(toy_course, *args, "--token-file", str(token), env=env)
+    assert r.returncode != 0 and "mode 0644 lets other users read the token" in r.stderr and "chmod 600" in r.stderr
+    r = labs(toy_course, *args, "--token", "s3cret", env=env)
+    assert r.returncode != 0 and "No such option '--token'" in r.stderr
+    r = labs(toy_course, *args, env=env)
+    assert r.returncode != 0 and "labs runner needs --token-file" in r.stderr
+    from harness.cli.runner import read_token_file
+    token.chmod(0o600)
+    assert read_token_file(token) == "s3cret"

@@ -246,9 +246,12 @@ class Scenario:
             time.sleep(0.2)
 
     def start_runner(self) -> subprocess.Popen:
+        token_file = self.tmp / "runner-token"
+        token_file.write_text(self.runner_token + "\n")
+        token_file.chmod(0o600)
         self.runner = self.procs.start("runner", [
             *LABS_CMD, "--course", str(self.course.root), "runner", "--broker", self.redis, "--server", self.base,
-            "--token", self.runner_token, "--gpus", "cpu:2", "--gpu-model", "cpu-ci", "--lease", str(LEASE_S)],
+            "--token-file", str(token_file), "--gpus", "cpu:2", "--gpu-model", "cpu-ci", "--lease", str(LEASE_S)],
             {"TRITON_INTERPRET": "1", "LABS_POOL_BACKOFF_S": "1"})
         return self.runner
 
@@ -366,6 +369,8 @@ def run_scenario(mode: str, tmp_path: Path, redis: str | None = None) -> dict:
         subs = sc.submit_all()
         submitted_s = time.monotonic() - sc.t0
         killed = sc.kill_a_grading_slot()
+        if mode == "pool":  # the runner token is on no command line of the runner's processes
+            assert not [p for p in [sc.runner.pid, *_descendants(sc.runner.pid)] if sc.runner_token in _cmdline(p)]
         sc.wait_until("10 results", lambda: sc.counts()["results"] >= 10, 240)
         restart = sc.restart_server()
         sc.wait_until("every job done", lambda: sc.counts().get("done", 0) == 50, DEADLINE_S)

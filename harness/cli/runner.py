@@ -1,17 +1,23 @@
 """``labs runner``: a GPU host's side of the runner pool (``harness.server.pool``).
 
-``labs runner --broker URL --server URL --token T --gpus 0,1`` starts one Celery worker
+``labs runner --broker URL --server URL --token-file F --gpus 0,1`` starts one Celery worker
 per GPU (or ``cpu:N`` slots) and keeps them running in the foreground: a worker that
 dies is started again; Ctrl-C or SIGTERM stops them (the first lets each finish the
 job it grades, a second stops them at once: their jobs go back to the queue when their
 leases expire). ``labs runner doctor`` prints what this host grades on.
+
+The runner token never goes on a command line (``/proc/PID/cmdline`` is readable by every
+process of the host, a submission's included): it comes from ``$LABS_RUNNER_TOKEN`` or a
+file only its owner can read (``--token-file``, mode 0600).
 """
 from __future__ import annotations
 
 import json
 import os
 import signal
+import stat
 import time
+from pathlib import Path
 
 import click
 from rich.console import Console
@@ -24,6 +30,22 @@ from .common import course_of
 
 RESTART_DELAY_S = 2.0    # a dead worker is started again after this, doubling while it keeps dying
 STEADY_S = 60.0          # a worker that ran this long is healthy again (its delay resets)
+
+
+def read_token_file(path: Path) -> str:
+    """The token in ``path``, a file only its owner may read (mode 0600 or 0400: a token
+    another user can read is a leaked token). Raises LabsError naming the file otherwise."""
+    try:
+        mode = path.stat().st_mode
+        token = path.read_text().strip()
+    except OSError as e:
+        raise LabsError(f"--token-file {path}: {e.strerror}", hint="write the runner token into it, mode 0600") from None
+    if mode & 0o077:
+        raise LabsError(f"--token-file {path}: mode {stat.S_IMODE(mode):04o} lets other users read the token",
+                        hint=f"chmod 600 {path}")
+    if not token:
+        raise LabsError(f"--token-file {path} is empty", hint="write the runner token into it, mode 0600")
+    return token
 
 
 def _course_or_none(ctx):
@@ -43,8 +65,9 @@ def _default_gpus() -> str:
 @click.option("--broker", envvar="LABS_BROKER", default=None, help="the Celery broker, redis://HOST:PORT/0 "
               "(default: $LABS_BROKER)")
 @click.option("--server", envvar="LABS_SERVER", default=None, help="the course server's URL (default: $LABS_SERVER)")
-@click.option("--token", envvar="LABS_RUNNER_TOKEN", default=None,
-              help="this host's runner token (default: $LABS_RUNNER_TOKEN; staff: labs account add HOST --role runner)")
+@click.option("--token-file", "token_file", type=click.Path(dir_okay=False, path_type=Path), default=None,
+              help="a file (mode 0600) holding this host's runner token (default: $LABS_RUNNER_TOKEN; "
+                   "staff: labs account add HOST --role runner)")
 @click.option("--gpus", default=None, help="worker slots: GPU indices (0,1), one worker each, or cpu:N "
               "(default: every visible GPU, else cpu:1)")
 @click.option("--gpu-model", "gpu_model", default="default", show_default=True,
@@ -54,18 +77,20 @@ def _default_gpus() -> str:
 @click.option("--sandbox", type=click.Choice(grading.SANDBOXES), default=None,
               help="where the graders run (default: docker when the course's image is here, else process)")
 @click.pass_context
-def runner_group(ctx, broker, server, token, gpus, gpu_model, lease_s, sandbox):
+def runner_group(ctx, broker, server, token_file, gpus, gpu_model, lease_s, sandbox):
     """Grade the course server's jobs on this host: one Celery worker per GPU (or CPU
     slot), consuming the interactive queue of --gpu-model first, then its regrades."""
     if ctx.invoked_subcommand is not None:
         return
     from ..server import pool, runner as _runner
     course = course_of(ctx)
-    missing = [f"--{n}" for n, v in (("broker", broker), ("server", server), ("token", token)) if not v]
+    token = read_token_file(token_file) if token_file else os.environ.get("LABS_RUNNER_TOKEN", "").strip()
+    missing = [n for n, v in (("--broker", broker), ("--server", server), ("--token-file", token)) if not v]
     if missing:
         raise LabsError(f"labs runner needs {', '.join(missing)}",
                         hint="e.g. labs runner --broker redis://HOST:6379/0 --server http://HOST:8000 "
-                             "--token RUNNER_TOKEN --gpus 0,1 (or LABS_BROKER, LABS_SERVER, LABS_RUNNER_TOKEN)")
+                             "--token-file ~/.labs-runner-token --gpus 0,1 (or LABS_BROKER, LABS_SERVER, "
+                             "LABS_RUNNER_TOKEN)")
     if not gpu_model or any(c.isspace() for c in gpu_model):
         raise LabsError(f"--gpu-model {gpu_model!r}: give a name without spaces (it names the queues)",
                         hint="e.g. --gpu-model h100, the same as the server's")

@@ -17,7 +17,7 @@ import threading
 from contextlib import asynccontextmanager
 from typing import Callable
 
-from fastapi import FastAPI, Request
+from fastapi import FastAPI, HTTPException, Request
 from fastapi.responses import HTMLResponse, JSONResponse, RedirectResponse
 from sqlalchemy import func, select
 
@@ -30,28 +30,65 @@ from .routes import ROUTERS
 from .service import Rejected
 
 
-class UploadCap:
-    """ASGI middleware capping request bodies before any of them is read (the form and
-    JSON parsers would take a body of any size first, for any client, token or not): a
-    ``POST`` to one of ``paths`` (the uploads) larger than ``limit`` bytes (its
-    Content-Length) is answered 413, one that declares no length 411; any other request
-    declaring more than ``other_limit`` bytes 413."""
+class BodyTooLarge(HTTPException):
+    """A request body read past its cap (``UploadCap``): answered 413 (an HTTPException, so
+    the body parsers pass it on instead of calling it a malformed body)."""
 
-    def __init__(self, app, paths: tuple[str, ...], limit: int, other_limit: int = 32 << 20):
+    def __init__(self, limit: int):
+        super().__init__(413, f"request body is over {limit} bytes, the limit is {limit}", {"Connection": "close"})
+
+
+class UploadCap:
+    """ASGI middleware capping request bodies by the bytes read, before any route (its
+    authentication included) sees them: the form and JSON parsers would take a body of any
+    size first, for any client, token or not. A ``POST`` to one of ``paths`` (the uploads)
+    must declare a Content-Length (else 411) of at most ``limit`` bytes; any other request
+    at most ``other_limit``. A declared length over the cap is answered 413 at once;
+    whatever is declared (or a chunked body, which declares nothing), reading stops with a
+    413 as soon as more bytes than the cap arrived, so no request holds more than its cap
+    in memory."""
+
+    def __init__(self, app, paths: tuple[str, ...], limit: int, other_limit: int = 8 << 20):
         self.app, self.paths, self.limit, self.other_limit = app, paths, limit, other_limit
 
     async def __call__(self, scope, receive, send):
-        if scope["type"] == "http":
-            upload = scope["method"] == "POST" and scope["path"] in self.paths
-            length = dict(scope["headers"]).get(b"content-length")
-            limit = self.limit if upload else self.other_limit
-            if length is None and upload:
-                return await JSONResponse({"detail": "an upload needs a Content-Length header"}, 411)(
-                    scope, receive, send)
-            if length is not None and (not length.isdigit() or int(length) > limit):
-                return await JSONResponse({"detail": f"request body is {length.decode(errors='replace')[:20]} "
-                                                     f"bytes, the limit is {limit}"}, 413)(scope, receive, send)
-        await self.app(scope, receive, send)
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        upload = scope["method"] == "POST" and scope["path"] in self.paths
+        length = dict(scope["headers"]).get(b"content-length")
+        limit = self.limit if upload else self.other_limit
+        if length is None and upload:
+            return await JSONResponse({"detail": "an upload needs a Content-Length header"}, 411)(
+                scope, receive, send)
+        if length is not None and (not length.isdigit() or int(length) > limit):
+            return await _too_large(length.decode(errors="replace")[:20], limit)(scope, receive, send)
+        read, started = 0, False
+
+        async def capped_receive():
+            nonlocal read
+            message = await receive()
+            if message["type"] == "http.request":
+                read += len(message.get("body", b""))
+                if read > limit:
+                    raise BodyTooLarge(limit)
+            return message
+
+        async def watched_send(message):
+            nonlocal started
+            started = started or message["type"] == "http.response.start"
+            await send(message)
+
+        try:
+            await self.app(scope, capped_receive, watched_send)
+        except BodyTooLarge:
+            if started:
+                raise
+            await _too_large(f"over {limit}", limit)(scope, receive, send)
+
+
+def _too_large(size: str, limit: int) -> JSONResponse:
+    return JSONResponse({"detail": f"request body is {size} bytes, the limit is {limit}"}, 413,
+                        headers={"Connection": "close"})
 
 
 def reaper(server: Server, stop: threading.Event, every_s: float) -> None:

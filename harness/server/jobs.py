@@ -52,7 +52,7 @@ class Done:
     failure: str = ""         # why, then
     state: str = ""           # the job's state after ``fail``
     stored: bool | None = None  # ``complete``'s answer
-    lease_lost: bool = False  # reaped while grading (the record is sent anyway: the seed is the submission's)
+    lease_lost: bool = False  # reaped while grading (the record is sent anyway: stored only while still ours)
 
 
 def grade_job(course: Course, lab_number: str, module: bytes, *, sandbox: str | None = None,

@@ -22,7 +22,7 @@ from pathlib import Path
 
 import torch
 
-from .. import grading, manifest
+from .. import forkserver, manifest
 from ..manifest import Course
 from . import db, jobs, service
 
@@ -157,7 +157,7 @@ def start_dispatchers(url: str, course_root: Path, spec: str, *, lease_s: float 
             cmd += ["--sandbox", sandbox]
         # PR_SET_PDEATHSIG between fork and exec: the dispatcher dies with the thread starting it (call this
         # from the server's main thread), even before its main() runs
-        procs.append(subprocess.Popen(cmd, env={**os.environ, **env}, preexec_fn=grading._die_with_parent))
+        procs.append(subprocess.Popen(cmd, env={**os.environ, **env}, preexec_fn=forkserver.die_with_parent))
     return procs
 
 
@@ -169,7 +169,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--lease", type=float, default=service.LEASE_S)
     p.add_argument("--sandbox", default=None)
     a = p.parse_args(argv)
-    grading._die_with_parent()  # a killed `labs serve` leaves no dispatcher grading on (start_dispatchers
+    forkserver.die_with_parent()  # a killed `labs serve` leaves no dispatcher grading on (start_dispatchers
     # also sets it between fork and exec, so a server killed while this one still imports leaves none either)
     d = Dispatcher(a.db, manifest.load(a.course), a.owner, lease_s=a.lease, sandbox=a.sandbox)
     signal.signal(signal.SIGTERM, lambda *_: d.stop.set())

@@ -114,18 +114,22 @@ def authenticate(s: Session, token: str | None, roles: tuple[str, ...] = ROLES) 
     return account
 
 
-def bridge_student(s: Session, secret: bytes, name: str, email: str, *, now: float) -> Account:
-    """The student a Gradescope submission belongs to (the autograder forwards it with
-    the course's bridge token): the roster account with that e-mail, else that name,
-    else a new student account (its token never shown: the student uses Gradescope)."""
-    email, name = (email or "").strip(), (name or "").strip()
-    if not (email or name):
-        raise Rejected(422, "a forwarded submission needs the student's e-mail or name")
-    acc = (s.scalar(select(Account).where(Account.email == email)) if email else None) or \
-        s.scalar(select(Account).where(Account.name == (name or email)))
+def bridge_student(s: Session, email: str) -> Account:
+    """The student a Gradescope submission belongs to (the autograder forwards it with the
+    course's bridge token): the roster's student account with that e-mail, the identity
+    Gradescope verified. A display name is never an identity (anyone can choose one), and
+    no account is made here. Raises Rejected: 422 no e-mail, 403 an e-mail not on the
+    roster (staff add it with ``labs roster import``) or not a student's."""
+    email = (email or "").strip()
+    if not email:
+        raise Rejected(422, "a forwarded submission needs the student's e-mail (Gradescope's submission metadata)")
+    found = s.scalars(select(Account).where(func.lower(Account.email) == email.lower())).all()
+    if len(found) > 1:
+        raise Rejected(409, f"{len(found)} roster accounts share the e-mail {email[:200]!r}: staff fix the roster")
+    acc = found[0] if found else None
     if acc is None:
-        add_account(s, name or email, "student", secret, email=email, now=now)
-        acc = s.scalar(select(Account).where(Account.name == (name or email)))
+        raise Rejected(403, f"no roster account has the e-mail {email[:200]!r}: staff add the student with "
+                            f"`labs roster import` (name, email) before their Gradescope submissions are forwarded")
     if acc.role != "student":
         raise Rejected(403, f"{acc.name!r} is not a student account")
     return acc
@@ -321,12 +325,12 @@ def late_factor(course: Course, sub: Submission) -> float:
 
 def complete(s: Session, job_id: int, owner: str, outcome: Outcome, now: float, course: Course) -> bool:
     """Store the record of a job ``owner`` graded and mark the job done; the score is
-    the record's times ``late_factor``. Idempotent: a second result for the job is
-    dropped (False). A result from a runner whose lease lapsed is still kept when the
-    job has none yet: the grade of a submission is the same whoever computed it (the
-    seed is the submission's)."""
+    the record's times ``late_factor``. Only the lease holder of a running job may
+    complete it: a result from any other runner (one that never claimed the job, or whose
+    lease was reaped and the job queued or given to another) is dropped (False), as is a
+    second result for the job."""
     job = s.get(Job, job_id)
-    if job is None or job.state in ("done", "cancelled") or job.result is not None:
+    if job is None or job.state != "running" or job.lease_owner != owner or job.result is not None:
         return False
     graded, sub = outcome.record, job.submission
     score = round((graded.score or 0.0) * late_factor(course, sub), 4)

@@ -68,7 +68,7 @@ from celery import Celery, signals
 from celery.exceptions import SoftTimeLimitExceeded
 from kombu import Exchange, Queue
 
-from ... import grading, manifest
+from ... import forkserver, grading, manifest
 from ...errors import LabsError
 from ...manifest import Course
 from .. import jobs, runner, service
@@ -233,7 +233,7 @@ def _refused(r: httpx.Response) -> LabsError:
 @signals.worker_process_init.connect
 def _pool_child_init(**_kw):
     """A pool child dies with its worker (a SIGKILLed worker leaves no grading child)."""
-    grading._die_with_parent()
+    forkserver.die_with_parent()
 
 
 @app.task(name=TASK, bind=True, shared=False, acks_late=True, reject_on_worker_lost=True, ignore_result=True,
@@ -345,7 +345,7 @@ def start_worker(broker: str, server: str, token: str, slot: tuple[str, dict], g
     return subprocess.Popen(worker_command(broker, server, course_root, gpu_model, name, lease_s=lease_s,
                                            sandbox=sandbox),
                             env={**os.environ, **env, "LABS_RUNNER_TOKEN": token}, start_new_session=True,
-                            preexec_fn=grading._die_with_parent, **popen)
+                            preexec_fn=forkserver.die_with_parent, **popen)
 
 
 def start_workers(broker: str, server: str, token: str, gpus_spec: str, gpu_model: str,
