@@ -593,6 +593,7 @@ def _speed_vs_sdpa(impl, seed, shapes, device, dtype, backend, threshold):
                          case=case)
 
         t = timed(impl.grouped_query_attention, SDPA, pool, warmup_inputs=[make(10 + w) for w in range(3)],
+                  edges=threshold.edges(),
                   check=check, kwargs={"is_causal": causal},
                   baseline_kwargs={"is_causal": causal, "enable_gqa": True},
                   forbid=[SDPA, "torch._C._nn.scaled_dot_product_attention"], forbid_ops=["scaled_dot_product"],

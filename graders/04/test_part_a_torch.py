@@ -125,6 +125,7 @@ def test_part_a_cpu_speed_vs_sdpa(impl, fa, seed, lab, record_perf):
             fa.check_forward(out, *pool[i], causal, None, f"a timed call, {cid}", "cpu")
 
         t = timed(impl.flash_attention_torch, fa.SDPA, pool, warmup_inputs=[make(10 + w) for w in range(3)],
+                  edges=threshold.edges(),
                   check=check, kwargs={"is_causal": causal}, baseline_kwargs={"is_causal": causal},
                   forbid=[fa.SDPA, "torch._C._nn.scaled_dot_product_attention"], forbid_ops=["scaled_dot_product"],
                   reason="Part A is timed against SDPA and must not call it", device="cpu")

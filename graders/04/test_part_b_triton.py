@@ -236,6 +236,7 @@ def test_part_b_speed_vs_sdpa_flash(impl, fa, seed, lab, record_perf):
                                          f"{err.max().item():.3g}): no performance credit ({cid})")
 
             t = timed(impl.flash_attention_triton, fa.SDPA, pool, warmup_inputs=[make(11 + w) for w in range(3)],
+                      edges=threshold.edges(),
                       check=check, kwargs={"is_causal": causal}, baseline_kwargs={"is_causal": causal},
                       forbid=[fa.SDPA, "torch._C._nn.scaled_dot_product_attention"],
                       reason="the kernel is timed against SDPA and must not call it", device="cuda",

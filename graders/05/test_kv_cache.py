@@ -844,6 +844,7 @@ def test_cpu_speed_cached_vs_uncached_generate(impl, gen, lab, record_perf):
         assert_greedy(oracle, out, PERF_L, f"a timed call, {case}", prop="performance")
 
     t = timed(impl.generate, impl.generate, prompts[:10], warmup_inputs=prompts[10:], check=check,
+              edges=threshold.edges(),
               kwargs={"use_cache": True, "attention_mask": no_pad},
               baseline_kwargs={"use_cache": False, "attention_mask": pad_first}, device="cpu")
     figures = {"cached_ms": t.candidate_s * 1e3, "uncached_ms": t.baseline_s * 1e3, "outside": str(t.outside)}
