@@ -6,6 +6,7 @@ tests run in seconds; the real labs are exercised by ``test_labs.py``.
 from __future__ import annotations
 
 import ast
+import collections
 import textwrap
 from pathlib import Path
 
@@ -14,6 +15,24 @@ import pytest
 from harness import manifest
 
 pytest_plugins = ["pytester"]
+
+_SECONDS = collections.Counter()  # test file -> seconds of its tests (setup, call, teardown), summed over workers
+
+
+def pytest_runtest_logreport(report):
+    path, _, name = report.nodeid.partition("::")
+    lab = name.partition("[")[2][:2]
+    _SECONDS[f"{path} lab {lab}" if lab.isdigit() else path] += report.duration
+
+
+def pytest_terminal_summary(terminalreporter):
+    """What each test file (per lab for the lab-parametrized ones) cost, for sizing CI: the
+    seconds of its tests summed over the xdist workers (divide by the workers for wall time)."""
+    if _SECONDS:
+        terminalreporter.write_sep("=", "seconds per test file, summed over workers")
+        for name, seconds in _SECONDS.most_common():
+            terminalreporter.write_line(f"{seconds:9.1f} s  {name}")
+        terminalreporter.write_line(f"{sum(_SECONDS.values()):9.1f} s  in all")
 
 ROOT = Path(__file__).resolve().parents[1]
 
