@@ -4,12 +4,14 @@ The trusted side reads these around a request (``harness.sandbox.calls.run_probe
 ``harness.sandbox.timing.timed``, ``harness.sandbox.ranks.run``): the worker's processes
 (``/proc/<pid>/task/*/children``, ``NSpid``), a server's memory (``VmHWM``, ``VmRSS``,
 ``RssAnon + RssShmem``) and CPU seconds, and the bytes its private network namespace's
-loopback carried. A submission sees none of them and cannot write them.
+loopback carried. A submission sees none of them and cannot write them. :class:`CallWatch`
+judges from them when a call is given up (a wait past its wall limit, or its CPU seconds).
 """
 from __future__ import annotations
 
 import contextlib
 import os
+import time
 from pathlib import Path
 
 
@@ -204,3 +206,54 @@ class Figures:
         cpu = self.cpu()
         return {"peak": peak if begun["memory"] is not None else None,
                 "cpu_s": None if cpu is None or begun["cpu"] is None else cpu - begun["cpu"]}
+
+
+CPU_PER_WALL = 2.0      # a call given a wall limit may use this many CPU seconds per second of it
+BUSY_SHARE = 0.05       # a call using less than this share of one CPU over a window is waiting, not working
+WINDOW_S = 3.0          # that window, seconds
+HARD_CAP = 6.0          # a busy call is stopped at this multiple of its wall limit, or of its CPU limit:
+OVERLOAD = 10.0         # the CPU limit times this (a machine this overloaded still gives it its CPU seconds)
+
+
+class CallWatch:
+    """When a call into the worker is given up: after ``wall_s`` seconds while the server is
+    waiting (it used under ``BUSY_SHARE`` of a CPU over the last ``WINDOW_S``: a sleep, a
+    deadlock, a blocked read), or as soon as it used ``cpu_s`` CPU seconds (an endless loop):
+    the server's own CPU time (its cgroup, every process and thread it started), which a
+    loaded machine cannot inflate, so correct code is never stopped because the machine was
+    busy. A busy call is stopped at ``HARD_CAP`` times ``wall_s`` or ``OVERLOAD`` times
+    ``cpu_s``, whichever is later, in any case; without outside figures (no /proc) the wall
+    limit alone applies."""
+
+    def __init__(self, figures, wall_s: float, cpu_s: float):
+        self.fig, self.wall_s, self.cpu_s = figures, wall_s, cpu_s
+        self.start = time.monotonic()
+        self.cpu0 = figures.cpu() if figures is not None else None
+        self.samples = [(self.start, self.cpu0)]
+        self.reason = ""
+        self.deadline = self.start + (max(wall_s * HARD_CAP, cpu_s * OVERLOAD) if self.cpu0 is not None else wall_s)
+
+    def check(self) -> None:
+        if self.cpu0 is None:
+            return
+        now, cpu = time.monotonic(), self.fig.cpu()
+        if cpu is None:
+            return
+        self.samples.append((now, cpu))
+        if cpu - self.cpu0 > self.cpu_s:
+            self.reason = "cpu"
+            raise TimeoutError
+        if now - self.start > self.wall_s:
+            old = next(((t, c) for t, c in self.samples if t >= now - WINDOW_S), self.samples[0])
+            if cpu - old[1] < BUSY_SHARE * (now - old[0]):
+                self.reason = "idle"
+                raise TimeoutError
+        self.samples = [(t, c) for t, c in self.samples if t >= now - 2 * WINDOW_S]
+
+    def why(self) -> str:
+        if self.reason == "cpu":
+            return f"used more than {self.cpu_s:.0f} CPU seconds in one call (an endless loop?)"
+        if self.reason == "idle":
+            return (f"did not answer within {self.wall_s:.0f} s and was waiting, not computing (a sleep or a "
+                    "deadlock?)")
+        return f"did not answer within {time.monotonic() - self.start:.0f} s"

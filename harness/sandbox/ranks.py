@@ -48,10 +48,10 @@ import torch
 
 from . import calls as _sb
 from . import isolation
-from .outside import loopback_tx_bytes, tcp_retransmits
+from .outside import HARD_CAP, loopback_tx_bytes, tcp_retransmits
 from .probes.comm import COLLECTIVES, DATA_COLLECTIVES, P2P  # noqa: F401  (graders name them)
 from .wire import View  # noqa: F401  (graders send views with their base)
-from .worker import (HARD_CAP, Budget, RemoteModule, Sandbox, SandboxError, WorkerConfig, WorkerCrashed,
+from .worker import (Budget, RemoteModule, Sandbox, SandboxError, WorkerConfig, WorkerCrashed,
                      WorkerTimeout)
 
 ERROR_GRACE_S = 3.0  # after one rank fails, how long the others get to report before the worker is killed
