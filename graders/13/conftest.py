@@ -99,6 +99,19 @@ class Methods:
         return m
 
 
+class PartsBroke(Exception):
+    """The submission's own parts raised alike on the graded side and on the replay (a bug graded by
+    another test): the trace ends there, its steps so far graded."""
+
+    def __init__(self, step, exc):
+        super().__init__(f"step {step}: {type(exc).__name__}: {exc}")
+        self.step, self.exc = step, exc
+
+
+def same_error(a: BaseException, b: BaseException) -> bool:
+    return type(a).__name__ == type(b).__name__ and str(a).split("\n")[0] == str(b).split("\n")[0]
+
+
 def is_no_free(e: BaseException) -> bool:
     """The module's NoFreeBlocksError (a RuntimeError; through the sandbox its name leads the message)."""
     return isinstance(e, RuntimeError) and not isinstance(e, NotImplementedError) and \
@@ -440,6 +453,17 @@ class Oracle:
                 break
         return out, gap
 
+    def follows_greedy(self, prompt, out, tol=TIE_TOL):
+        """The first step at which ``out`` is not a greedy continuation of ``prompt`` (a token more than
+        ``tol`` below the best logit), or None: one teacher-forced dense forward."""
+        if not out:
+            return None
+        logits = self.dense(list(prompt) + list(out[:-1]))[len(prompt) - 1:]
+        for i, (row, tok) in enumerate(zip(logits, out)):
+            if not (isinstance(tok, int) and 0 <= tok < row.numel()) or float(row[tok]) < float(row.max()) - tol:
+                return i
+        return None
+
     def k0(self, tokens, positions):
         """Layer-0 K of ``tokens`` at ``positions`` (the slot contents that name a token and position)."""
         return self._qkv(self.layers[0], self.emb[torch.tensor(tokens)], list(positions))[1]
@@ -485,7 +509,7 @@ class SchedTrace:
         self.sm = Methods(self.sbm)
         self.tm = Methods(impl.BlockManager(num_blocks, B))
         self.model = ContractScheduler(self.tm, max_num_seqs, max_num_batched_tokens)
-        self.compare = set(compare)
+        self.compare, self.broke = set(compare), None
         self.handles, self.reqs, self.plan, self.steps, self.log = {}, {}, {}, 0, []
         self.case = f"num_blocks={num_blocks}, block_size={B}, max_num_seqs={max_num_seqs}, " \
                     f"max_num_batched_tokens={max_num_batched_tokens}"
@@ -512,8 +536,20 @@ class SchedTrace:
         running_before = [r.seq_id for r in self.model.running]
         waiting_before = [r.seq_id for r in self.model.waiting]
         live = [sid for sid in self.reqs if before[sid][0] != "finished"]
-        batch_h = list(self.s.schedule())
-        want = self.model.schedule()
+        try:
+            batch_h = list(self.s.schedule())
+        except Exception as mine:  # noqa: BLE001 - graded below against the contract over the twin
+            try:
+                self.model.schedule()
+            except Exception as theirs:  # noqa: BLE001 - the submission's BlockManager raised (Part A's)
+                if same_error(mine, theirs):
+                    raise PartsBroke(self.steps, mine) from None
+            self._fail(f"schedule() raised {type(mine).__name__}: {str(mine)[:300]} at step {self.steps}")
+        try:
+            want = self.model.schedule()
+        except Exception as theirs:  # noqa: BLE001 - the twin BlockManager raised on the contract's calls
+            self._fail(f"the contract's calls raised {type(theirs).__name__}: {str(theirs)[:200]} on your "
+                       f"BlockManager where your scheduler's did not (step {self.steps})")
         want_ids = [r.seq_id for r in want]
         self.log.append(f"step {self.steps}: batch {want_ids} tokens {[r.num_scheduled_tokens for r in want]}"
                         + (f", preempted {[r.seq_id for r in self.model.preempted]}" if self.model.preempted else ""))
@@ -551,7 +587,15 @@ class SchedTrace:
                            f"BlockManager driven by the contract's calls has {short(exp, 16)} (allocate only a "
                            f"request you admit: allocate() then free() to test whether it fits reorders the queue)")
         toks = [self.plan[r.seq_id][len(r.output)] for r in want]
-        got_fin = self.bulk.ids(self.s.postprocess(batch_h, toks))
+        try:
+            got_fin = self.bulk.ids(self.s.postprocess(batch_h, toks))
+        except Exception as mine:  # noqa: BLE001
+            try:
+                self.model.postprocess(want, toks)
+            except Exception as theirs:  # noqa: BLE001 - the submission's BlockManager raised (Part A's)
+                if same_error(mine, theirs):
+                    raise PartsBroke(self.steps, mine) from None
+            self._fail(f"postprocess() raised {type(mine).__name__}: {str(mine)[:300]} at step {self.steps}")
         want_fin = [r.seq_id for r in self.model.postprocess(want, toks)]
         if got_fin != want_fin and "batch" in self.compare:
             self._fail(f"postprocess at step {self.steps} returned finished {got_fin}, the contract {want_fin} "
@@ -569,7 +613,9 @@ class SchedTrace:
     def run(self, arrivals, max_steps=200):
         """``arrivals``: {step: [(sid, prompt, plan, eos)]}; steps until nothing is left. Returns the
         step count. The contract's run must finish every request (a BlockManager that lets nothing
-        run would make every scheduler trivially right)."""
+        run would make every scheduler trivially right), unless the submission's BlockManager raised
+        alike under both schedulers after at least two steps were checked (a Part A bug: the steps
+        before it are graded, the rest cannot be)."""
         while True:
             for a in arrivals.get(self.steps, []):
                 self.add(*a)
@@ -578,7 +624,14 @@ class SchedTrace:
             if self.steps >= max_steps:
                 self._fail("the contract's scheduler over this BlockManager did not finish the trace: "
                            "Part B cannot be graded on a BlockManager that lets no request run (see Part A)")
-            self.step()
+            try:
+                self.step()
+            except PartsBroke as e:
+                if self.steps < 2:
+                    self._fail(f"your BlockManager raised under the contract's calls as under your scheduler's before "
+                               f"two steps could be checked ({e}): Part B cannot be graded on it (see Part A)")
+                self.broke = e
+                return self.steps
         unfinished = [r.seq_id for r in self.reqs.values() if r.status != "finished"]
         if unfinished:
             self._fail(f"requests {unfinished} never finished")
@@ -700,12 +753,13 @@ class EngineReplay:
             self.tb = Methods(self.tbm)
             self.ts = Methods(impl.Scheduler(self.tbm, max_num_seqs, max_tokens))
         self.reqs, self.twins, self.steps, self.log, self.next_id = {}, {}, 0, [], 0
+        self.verified, self.broke, self._bmi_exc = 0, None, None   # steps whose model call was checked
 
     def add(self, prompt, max_new, eos=None):
         sid = self.e.add_request(list(prompt), max_new, eos)
         if sid != self.next_id:
             raise EngineDeviation(f"add_request returned id {sid!r}, expected {self.next_id} (ids 0, 1, 2, ... in call "
-                                  f"order)")
+                                  f"order; a rejected request takes no id)")
         self.next_id += 1
         self.reqs[sid] = Req(sid, prompt, max_new, eos)
         if self.mode == "contract":
@@ -732,7 +786,7 @@ class EngineReplay:
         self._batch = batch
         fields = self.bulk.attrs(batch, ["seq_id", "num_computed_tokens", "num_scheduled_tokens", "token_ids"])
         tables = [list(t) for t in self.bulk.map(self.tb.block_table, [f["seq_id"] for f in fields])]
-        out = []
+        out, self._bmi_exc = [], None
         try:
             out.append((contract_inputs(fields, tables, self.B), "inputs built from your scheduler's state"))
         except Exception:  # noqa: BLE001 - a table too short for its fields: only the submission's own inputs
@@ -741,8 +795,8 @@ class EngineReplay:
             mine = tuple(self.impl.build_model_inputs(batch, tables, self.B))
             if not out or any(not torch.equal(a, b) for a, b in zip(mine, out[0][0])):
                 out.append((tuple(t.to(torch.int64) for t in mine), "your build_model_inputs"))
-        except Exception:  # noqa: BLE001 - its bugs are graded by the build_model_inputs tests
-            pass
+        except Exception as e:  # noqa: BLE001 - its bugs are graded by the build_model_inputs tests
+            self._bmi_exc = e
         return fields, out
 
     def _run_variant(self, inputs):
@@ -754,17 +808,31 @@ class EngineReplay:
         return pool, logits
 
     def step(self):
-        fields, variants = self._expected()
+        twin_exc = None
+        try:
+            fields, variants = self._expected()
+        except Exception as e:  # noqa: BLE001 - only the submission's parts can raise here (twin mode)
+            if self.mode == "contract":
+                raise
+            fields, variants, twin_exc = None, [], e
+        if fields is not None and not variants and self.mode == "twin":
+            twin_exc = self._bmi_exc
         try:
             got = self.e.step()
-        except TypeError as e:
-            if "NoneType" in str(e) and "callable" in str(e):
+        except Exception as e:  # noqa: BLE001
+            if twin_exc is not None and same_error(e, twin_exc):
+                raise PartsBroke(self.steps, e) from None
+            if not isinstance(e, TypeError) or "NoneType" not in str(e) or "callable" not in str(e):
+                raise
+            if True:
                 raise EngineDeviation(
                     f"the engine called model.forward_dense or model.new_kv_cache after __init__ (the graders "
                     f"disabled both: reference_generate and static_generate use them): compute logits only with "
                     f"model(inputs, self.kv_cache), the pool made once in __init__ ({self.case}, step "
                     f"{self.steps}): {e}") from None
-            raise
+        if twin_exc is not None:
+            raise EngineDeviation(f"step {self.steps} ran where your own parts raise {type(twin_exc).__name__}: "
+                                  f"{str(twin_exc)[:300]} ({self.case}); the contract's replay left too")
         got = [tuple(x) for x in got] if isinstance(got, (list, tuple)) else got
         kv = self.engine.kv_cache
         if fields is None:
@@ -790,6 +858,7 @@ class EngineReplay:
                 torch.allclose(kv.to(torch.float64), pool, atol=POOL_ATOL, rtol=0)
             tried.append((label, inputs, pool, logits, toks, ok, same_pool))
             if ok and same_pool:
+                self.verified += 1
                 self.pool = pool
                 self.log.append(f"step {self.steps}: {list(zip(ids, toks))}")
                 if self.mode == "contract":
@@ -857,7 +926,14 @@ class EngineReplay:
                 break
             if self.steps >= max_steps:
                 raise EngineDeviation(f"the replay did not finish within {max_steps} steps ({self.case})")
-            self.step()
+            try:
+                self.step()
+            except PartsBroke as e:
+                if self.verified < 2:
+                    raise EngineDeviation(f"your own Scheduler, BlockManager or build_model_inputs raised ({e}) before "
+                                          f"two model calls of the engine could be checked ({self.case})") from None
+                self.broke = e
+                return None
         return self.finish()
 
     def _unfinished(self):
@@ -887,7 +963,7 @@ class EngineReplay:
 
 
 def replay(sv, impl, model_args, cfg, num_blocks, B, max_num_seqs, max_tokens, arrivals, strict_ties=False,
-           state=None, after=None):
+           state=None, before=None, after=None):
     """Run ``arrivals`` through a fresh engine beside the contract's replay; where the engine leaves it,
     run again beside the submission's own parts (twin mode). Returns ``(replay, outputs)`` of the run
     the engine followed; raises the first deviation when it follows neither (the twin run's
@@ -897,6 +973,8 @@ def replay(sv, impl, model_args, cfg, num_blocks, B, max_num_seqs, max_tokens, a
         r = EngineReplay(sv, impl, model_args, cfg, num_blocks, B, max_num_seqs, max_tokens, mode,
                          strict_ties=strict_ties, state=state)
         try:
+            if before is not None:
+                before(r)
             outs = r.run(arrivals)
             if after is not None:
                 after(r)
@@ -928,10 +1006,37 @@ def prompts_with_gap(oracle, gen, n, lengths, max_new, min_gap=1e-6):
     return out
 
 
+@pytest.fixture(autouse=True)
+def _one_thread(impl):
+    """torch's intra-op threads at 1 here (the oracle) and in the implementation's process (through the
+    module's own ``torch``): on a loaded 2-core machine a second OpenMP thread made the tiny float64
+    model ~30x slower (the contract's note)."""
+    sides = [torch]
+    try:
+        sides.append(impl.torch)
+    except AttributeError:
+        pass
+    before = []
+    for t in sides:
+        try:
+            before.append(int(t.get_num_threads()))
+            t.set_num_threads(1)
+        except Exception:  # noqa: BLE001 - a module whose torch is not torch: its own business
+            before.append(None)
+    yield
+    for t, n in zip(sides, before):
+        if n is not None:
+            try:
+                t.set_num_threads(n)
+            except Exception:  # noqa: BLE001 - a worker that died took the setting with it
+                pass
+
+
 @pytest.fixture
 def sv():
     return SimpleNamespace(bulk=Bulk, Methods=Methods, RefBlockManager=RefBlockManager, Req=Req,
                            ContractScheduler=ContractScheduler, SchedTrace=SchedTrace, Oracle=Oracle,
                            EngineReplay=EngineReplay, replay=replay, contract_inputs=contract_inputs, CFG=CFG,
                            INPUT_NAMES=INPUT_NAMES, bm_state=bm_state, is_no_free=is_no_free, cdiv=cdiv,
+                           same_error=same_error,
                            short=short, pick=pick, prompts_with_gap=prompts_with_gap, V=V)
