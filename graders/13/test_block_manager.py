@@ -26,7 +26,7 @@ class Both:
     def __init__(self, sv, impl, nb, B):
         self.sv, self.nb, self.B = sv, nb, B
         self.bulk = sv.bulk(impl)
-        self.bm = impl.BlockManager(nb, B)
+        self.bm = sv.owned_block_manager(impl, nb, B)
         self.m = sv.Methods(self.bm)
         self.ref = sv.RefBlockManager(nb, B)
         self.ops = []
@@ -91,7 +91,7 @@ def test_append_slot_reserves_the_next_position(impl, gen, sv, B):
     holds ``ceil(num_slots / B)`` blocks. When a block is needed and none is free, ``can_append``
     is False and ``append_slot`` raises NoFreeBlocksError, changing nothing."""
     nb = 5
-    bm = impl.BlockManager(nb, B)
+    bm = sv.owned_block_manager(impl, nb, B)
     m = sv.Methods(bm)
     m.allocate("x", _tokens(gen, B + 2))
     m.allocate("y", _tokens(gen, 2 * B))              # 4 blocks held, 1 free
@@ -132,7 +132,7 @@ def test_a_prefix_key_covers_every_earlier_token(impl, gen, sv):
     holding the same B tokens at another position, or after other tokens, is no hit: a cached
     ``X0 X1 X2 .`` gives no hit to ``X1 X2 ..`` and one block to ``X0 X2 ..``."""
     B = 4
-    m = sv.Methods(impl.BlockManager(16, B))
+    m = sv.Methods(sv.owned_block_manager(impl, 16, B))
     X0, X1, X2 = (_tokens(gen, B) for _ in range(3))
     a = X0 + X1 + X2 + _tokens(gen, 1)
     m.allocate("a", a)
@@ -158,7 +158,7 @@ def test_only_full_blocks_are_cached(impl, gen, sv):
     """``cache_full_blocks`` offers only the full blocks ``i < len // B``: a partial last block is
     never cached (its tokens are still growing), and becomes cacheable once full."""
     B = 4
-    m = sv.Methods(impl.BlockManager(12, B))
+    m = sv.Methods(sv.owned_block_manager(impl, 12, B))
     t = _tokens(gen, 10)
     m.allocate("a", t)
     m.cache_full_blocks("a", t)
@@ -187,7 +187,7 @@ def test_a_hit_on_a_free_block_leaves_the_free_queue(impl, gen, sv):
     queue holds exactly the blocks whose count is 0, and a block sits in two tables only as a hit."""
     B = 4
     nb = 7
-    bm = impl.BlockManager(nb, B)
+    bm = sv.owned_block_manager(impl, nb, B)
     m = sv.Methods(bm)
     a = _tokens(gen, 9)
     m.allocate("a", a)
@@ -217,7 +217,7 @@ def test_a_block_taken_fresh_is_evicted(impl, gen, sv):
     """A cached block in the free queue stays cached until it is taken fresh from the head: then its
     entry is removed (evicted), so its old prefix is no hit any more."""
     B, nb = 4, 6
-    m = sv.Methods(impl.BlockManager(nb, B))
+    m = sv.Methods(sv.owned_block_manager(impl, nb, B))
     a = _tokens(gen, 9)
     m.allocate("a", a)
     m.cache_full_blocks("a", a)
@@ -239,7 +239,7 @@ def test_the_first_block_offered_for_a_prefix_keeps_the_entry(impl, gen, sv):
     the cache becomes the entry, the other stays uncached (vLLM V1 keeps both blocks; nano-vllm
     lets the last one win): a later hit gets the first sequence's blocks."""
     B = 4
-    m = sv.Methods(impl.BlockManager(12, B))
+    m = sv.Methods(sv.owned_block_manager(impl, 12, B))
     t = _tokens(gen, 9)
     m.allocate("first", t)
     m.allocate("second", list(t))
@@ -261,7 +261,7 @@ def test_hits_leave_the_last_token_to_compute(impl, gen, sv):
     """A token list of n tokens hits at most ``(n - 1) // B`` blocks: its last token is always
     computed (its logits are needed), even when every block is cached."""
     B = 4
-    m = sv.Methods(impl.BlockManager(12, B))
+    m = sv.Methods(sv.owned_block_manager(impl, 12, B))
     t = _tokens(gen, 12)
     m.allocate("a", t)
     m.cache_full_blocks("a", t)
@@ -288,7 +288,7 @@ def test_can_allocate_counts_a_hit_on_a_free_block_as_a_free_block(impl, gen, sv
     for nb, keep, label in ((3, False, "a freed: its 3 blocks are the free queue, 2 of them cached hits; 4 free "
                                        "blocks needed, 3 free"),
                             (5, True, "a running: its 2 cached blocks in use; 2 free blocks needed, 2 free")):
-        m = sv.Methods(impl.BlockManager(nb, B))
+        m = sv.Methods(sv.owned_block_manager(impl, nb, B))
         ref = sv.RefBlockManager(nb, B)
         for op, *args in (("allocate", "a", a), ("cache_full_blocks", "a", a)) + (() if keep else (("free", "a"),)):
             getattr(m, op)(*args)
@@ -309,7 +309,7 @@ def test_block_manager_refuses_bad_sizes_and_unknown_ids(impl, gen, sv):
     else ValueError naming the argument; ValueError naming the id for an unknown ``seq_id`` (every
     per-sequence method) and for a block id outside ``[0, num_blocks)``; ``allocate`` of an empty
     list or of a seq_id that has blocks, and ``cache_full_blocks`` past ``num_slots``: ValueError."""
-    bm = impl.BlockManager(3, 2)
+    bm = sv.owned_block_manager(impl, 3, 2)
     m = sv.Methods(bm)
     assert list(m.free_block_ids()) == [0, 1, 2] and bm.num_free_blocks == 3 and bm.block_size == 2, \
         "BlockManager(3, 2): free queue [0, 1, 2], num_free_blocks 3, block_size 2"
@@ -340,7 +340,7 @@ def test_allocate_without_enough_free_blocks_raises_and_changes_nothing(impl, ge
     """``allocate`` when ``can_allocate`` is False raises NoFreeBlocksError (the module's) and changes
     nothing; the same tokens fit once blocks are freed (valid neighbour)."""
     B = 3
-    m = sv.Methods(impl.BlockManager(5, B))
+    m = sv.Methods(sv.owned_block_manager(impl, 5, B))
     m.allocate("a", _tokens(gen, 7))                   # 3 blocks
     t = _tokens(gen, 8)                                # 3 blocks > 2 free
     before = (list(m.free_block_ids()), list(m.block_table("a")))

@@ -40,8 +40,9 @@ def _plans(gen, outs, eos=None):
     return plans
 
 
-def _trace(sv, impl, nb, B, ms, mt, compare):
-    return sv.SchedTrace(impl, sv.bulk(impl), nb, B, ms, mt, compare)
+def _trace(sv, impl, nb, B, ms, mt, compare, gen=None):
+    first = bool(torch.randint(0, 2, (1,), generator=gen)) if gen is not None else False
+    return sv.SchedTrace(impl, sv.bulk(impl), nb, B, ms, mt, compare, twin_first=first)
 
 
 def _self_check(sv, nb, B, ms, mt, arrivals, preempts=None):
@@ -95,7 +96,7 @@ def test_requests_join_a_running_batch(impl, gen, sv, case):
         arrivals = {s: [(i, _tokens(gen, lens[i]), plans[i], None) for i in ids] for s, ids in at.items()}
         nb, B, ms, mt = 48, 5, 3, 14
     steps, _ = _self_check(sv, nb, B, ms, mt, arrivals, preempts=False)
-    tr = _trace(sv, impl, nb, B, ms, mt, ["batch", "queues"])
+    tr = _trace(sv, impl, nb, B, ms, mt, ["batch", "queues"], gen)
     got = tr.run(arrivals)
     if case == "8-at-once" and tr.broke is None:
         static = sum(max(OUTS_8[i:i + 4]) for i in range(0, 8, 4))
@@ -132,7 +133,7 @@ def test_admission_stops_at_the_first_request_that_does_not_fit(impl, gen, sv, c
     for i, s in enumerate(at):
         arrivals.setdefault(s, []).append((i, prompts[i], plans[i], None))
     _self_check(sv, nb, 4, 4, mt, arrivals, preempts=False)
-    tr = _trace(sv, impl, nb, 4, 4, mt, ["batch", "queues", "pool"])
+    tr = _trace(sv, impl, nb, 4, 4, mt, ["batch", "queues", "pool"], gen)
     tr.run(arrivals)
 
 
@@ -158,7 +159,7 @@ def test_prefix_hits_are_not_recomputed(impl, gen, sv):
     no_cache = sum(len(pr) for xs in arrivals.values() for _, pr, _, _ in xs) + \
         sum(len(plan) - 1 for xs in arrivals.values() for _, _, plan, _ in xs)
     assert ref.computed <= no_cache - 32, f"grader defect: {ref.computed} tokens computed, {no_cache} without a cache"
-    tr = _trace(sv, impl, 64, 4, 4, 64, ["batch", "fields"])
+    tr = _trace(sv, impl, 64, 4, 4, 64, ["batch", "fields"], gen)
     tr.run(arrivals)
 
 
@@ -191,7 +192,7 @@ def test_preemption_by_recomputation(impl, gen, sv, name):
         prompts[1], plans[1] = list(prompts[0]), list(plans[0])
     arrivals = {0: [(i, prompts[i], plans[i], None) for i in range(len(lens))]}
     _self_check(sv, nb, 4, 4, 64, arrivals, preempts=True)
-    tr = _trace(sv, impl, nb, 4, 4, 64, ["batch", "queues", "waiting_fields"])
+    tr = _trace(sv, impl, nb, 4, 4, 64, ["batch", "queues", "waiting_fields"], gen)
     tr.run(arrivals)
 
 
@@ -209,7 +210,7 @@ def test_finished_requests_leave_at_once(impl, gen, sv):
     lens = [7, 5, 9, 3]
     arrivals = {0: [(i, _tokens(gen, lens[i]), plans[i], eos) for i in range(4)]}
     _self_check(sv, 40, 4, 4, 64, arrivals, preempts=False)
-    tr = _trace(sv, impl, 40, 4, 4, 64, ["batch", "after"])
+    tr = _trace(sv, impl, 40, 4, 4, 64, ["batch", "after"], gen)
     tr.run(arrivals)
     if tr.broke is not None:
         return
