@@ -415,7 +415,7 @@ def _perf_requests(gen, n, lengths, new, V):
     return prompts, limits
 
 
-def _throughput(impl, gen, seed, sv, device, cfg, dtype, n, lengths, new, engine_kw, check_values):
+def _throughput(impl, gen, seed, sv, device, cfg, dtype, n, lengths, new, engine_kw, check_values, edges):
     cfg_h = impl.ModelConfig(**cfg)
     model = impl.TinyLM(cfg_h, seed, dtype, device)
     engine = impl.LLMEngine(model, **engine_kw)
@@ -431,7 +431,7 @@ def _throughput(impl, gen, seed, sv, device, cfg, dtype, n, lengths, new, engine
             bad = oracle.follows_greedy(p, list(o)) if oracle is not None else None
             assert bad is None, (f"a timed generate's output is not the prompt decoded alone (token {bad} of {k} is "
                                  f"not the argmax): no performance credit")
-    return timed(engine.generate, static, pool[:10], warmup_inputs=pool[10:], check=check,
+    return timed(engine.generate, static, pool[:10], warmup_inputs=pool[10:], check=check, edges=edges,
                  baseline_kwargs={"batch_size": engine_kw["max_num_seqs"], "block_size": engine_kw["block_size"]},
                  device=device)
 
@@ -449,7 +449,8 @@ def test_gpu_throughput_against_static_batching(impl, gen, seed, sv, lab, record
     outputs checked for length only (float32 batching may flip near ties)."""
     threshold = lab.perf["serving_vs_static"]
     t = _throughput(impl, gen, seed, sv, "cuda", GPU_CFG, torch.float32, 32, (16, 96), (8, 96),
-                    dict(num_blocks=512, block_size=16, max_num_seqs=16, max_num_batched_tokens=2048), False)
+                    dict(num_blocks=512, block_size=16, max_num_seqs=16, max_num_batched_tokens=2048), False,
+                    threshold.edges())
     figures = {"engine_s": t.candidate_s, "static_s": t.baseline_s, "outside": str(t.outside)}
     assert t.ratio < threshold.zero_credit, (
         f"LLMEngine.generate takes {t.ratio:.3g}x the time of static batching; no performance credit at >= "
@@ -465,7 +466,8 @@ def test_cpu_time_against_static_batching(impl, gen, seed, sv, lab, record_perf)
     alone (float64)."""
     threshold = lab.perf["serving_vs_static_cpu"]
     t = _throughput(impl, gen, seed, sv, "cpu", sv.CFG, torch.float64, 10, (2, 8), (1, 16),
-                    dict(num_blocks=64, block_size=4, max_num_seqs=4, max_num_batched_tokens=64), True)
+                    dict(num_blocks=64, block_size=4, max_num_seqs=4, max_num_batched_tokens=64), True,
+                    threshold.edges())
     figures = {"engine_ms": t.candidate_s * 1e3, "static_ms": t.baseline_s * 1e3, "outside": str(t.outside)}
     assert t.ratio < threshold.zero_credit, (
         f"LLMEngine.generate takes {t.ratio:.3g}x the CPU time of static batching; no performance credit at >= "
