@@ -118,6 +118,8 @@ def measured(c, B, recompute="none", backward=True):
 
 # ----------------------------------------------------------------------------- configs and formulas
 
+# the sizes of the visible tests' small config (the handout's configs are far bigger than any drawn here)
+SHOWN_CONFIGS = [dict(vocab_size=50, d_model=16, n_layers=2, n_heads=4, d_ff=24, seq_len=8)]
 FLAGS = {"n_kv_heads": None, "gated_mlp": False, "tied_embeddings": True, "bias": False, "learned_pos": False}
 
 
@@ -140,7 +142,8 @@ def draw(gen, kind):
              d_ff=_ri(gen, 5, 45), seq_len=_ri(gen, 3, 9))
     if kind in ("gqa", "gqa-gated-untied"):
         H = _pick(gen, [4, 6, 8])
-        c.update(n_heads=H, d_model=H * _ri(gen, 2, 5), n_kv_heads=_pick(gen, [k for k in (1, 2, 3, 4) if H % k == 0 and k < H]))
+        kv = [k for k in (1, 2, 3, 4) if H % k == 0 and k < H]
+        c.update(n_heads=H, d_model=H * _ri(gen, 2, 5), n_kv_heads=_pick(gen, kv))
     if kind in ("gated", "gqa-gated-untied"):
         c["gated_mlp"] = True
     if kind in ("untied", "gqa-gated-untied", "untied-bias-pos"):
@@ -151,6 +154,8 @@ def draw(gen, kind):
         c["learned_pos"] = True
     if kind == "long-seq":
         c.update(n_layers=1, seq_len=_ri(gen, 21, 37))
+    if any(all(c[k] == v for k, v in shown.items()) for shown in SHOWN_CONFIGS):
+        c["vocab_size"] += 1                        # never an input the handout or the visible tests show
     return c
 
 
@@ -233,7 +238,8 @@ def param_bugs(c):
     if c["gated_mlp"]:
         out.append(("gated MLP counted with two matrices: SwiGLU has three (w1, w3, w2)", P - L * (d * f + b * f)))
     if Hkv != H:
-        out.append(("K/V projections counted with n_heads instead of n_kv_heads", P + 2 * L * (H - Hkv) * (d // H) * (d + b)))
+        out.append(("K/V projections counted with n_heads instead of n_kv_heads",
+                    P + 2 * L * (H - Hkv) * (d // H) * (d + b)))
     return out
 
 
@@ -307,7 +313,8 @@ def training_bugs(c, recompute):
         L, H, Hkv = c["n_layers"], c["n_heads"], _kv(c)
         hd = d // H
         proj = 2 * L * (d * H * hd + 2 * d * Hkv * hd + H * hd * d)
-        out = [("no recomputation counted for 'selective' (the attention core is recomputed: + 4 L seq_len H hd)", 3 * F_),
+        out = [("no recomputation counted for 'selective' (the attention core is recomputed: + 4 L seq_len H hd)",
+                3 * F_),
                ("selective recomputation counted as the whole attention (projections too): only the core, softmax("
                 "q k^T) @ v, is recomputed", 3 * F_ + attention(c) + proj),
                ("selective recomputation counted as full", 4 * F_ - 2 * V * d),
@@ -373,12 +380,18 @@ def test_counts_are_closed_forms(impl, gen, num, fn):
     for which in ("gpt3-sized", "70b-class"):
         c = huge(gen, which)
         args = (impl.GPTConfig(**c),) + (("full",) if fn == "training_flops_per_token" else ())
-        out, m = measure(getattr(impl, fn), *args, alloc=False, ops=False, forbid=[MODULE_INIT], reason=CLOSED_FORM)
+        try:
+            out, m = measure(getattr(impl, fn), *args, alloc=False, ops=False, forbid=[MODULE_INIT],
+                             reason=CLOSED_FORM)
+        except AssertionError as e:
+            if MODULE_INIT not in str(e):
+                raise
+            raise AssertionError(f"{fn} built an nn.Module ({which}: {cid(c)}): {CLOSED_FORM}") from None
         assert not m.forbidden_called, f"{fn} built an nn.Module ({which}: {cid(c)}): {CLOSED_FORM}"
         want = oracle(c)
         v = num.value(out, fn, which)
-        assert 0.25 <= v / want <= 4, \
-            f"{fn}({which}: {cid(c)}) = {v!r}, want {want}: the closed-form property counts only when the value is plausible"
+        assert 0.25 <= v / want <= 4, (f"{fn}({which}: {cid(c)}) = {v!r}, want {want}: the closed-form property "
+                                       "counts only when the value is plausible")
 
 
 # ----------------------------------------------------------------------------- MFU and HFU
@@ -412,17 +425,17 @@ def test_mfu_is_model_flops_over_the_jobs_peak(impl, gen, num, gpus):
 @pytest.mark.part("A")
 @pytest.mark.parametrize("recompute", ["selective", "full"])
 def test_mfu_ignores_recompute(impl, gen, num, recompute):
-    """PaLM's MFU counts model FLOPs only: ``recompute`` has no effect. Graded on the submission's
-    own mfu value without it (plausible is enough; its exact value is graded above)."""
+    """PaLM's MFU counts model FLOPs only: ``recompute`` has no effect. On one GPU (so n_gpus cannot
+    matter), graded against mfu's own value without it, which must be right (or right on the
+    submission's own training count)."""
     c = draw(gen, "plain")
-    n = _pick(gen, [1, 4, 16])
-    tps, peak = utilisation_inputs(gen, c, n)
+    tps, peak = utilisation_inputs(gen, c, 1)
     cfg = impl.GPTConfig(**c)
-    plain = num.value(impl.mfu(cfg, tps, peak, n_gpus=n), "mfu(cfg, ...)", cid(c))
-    want = training(c) * tps / (peak * n)
-    assert 0.25 <= plain / want <= 4, (f"mfu(cfg, ...) = {plain!r}, want {want!r} ({cid(c)}): that recompute has no "
-                                       "effect counts only when mfu's value is plausible")
-    num.close(impl.mfu(cfg, tps, peak, n_gpus=n, recompute=recompute), plain,
+    T_own = num.own(impl.training_flops_per_token, training(c), cfg)
+    plain = num.close(impl.mfu(cfg, tps, peak), training(c) * tps / peak, "mfu(cfg, tokens_per_second, peak_flops)",
+                      cid(c), also=[T_own * tps / peak] if T_own else [],
+                      hint="that recompute has no effect counts only beside a right mfu")
+    num.close(impl.mfu(cfg, tps, peak, recompute=recompute), plain,
               f"MFU counted with recomputation: mfu(..., recompute={recompute!r}) differs from mfu(...) (PaLM, "
               "appendix B: MFU counts the model's FLOPs only; recomputed FLOPs are HFU's)", cid(c))
 
@@ -455,10 +468,12 @@ def zero_bugs(n, W, stage, p, g, o):
     return {0: [("stage 0 shards something: plain data parallelism replicates every state", zero(n, W, 1, p, g, o))],
             1: [("optimizer states not sharded at stage 1 (ZeRO-1 shards them: n (p + g) + S o)", n * (p + g + o)),
                 ("gradients sharded at stage 1 (that is stage 2)", zero(n, W, 2, p, g, o))],
-            2: [("ZeRO-2 gradients replicated: stage 2 shards the gradients too, n p + S (g + o)", zero(n, W, 1, p, g, o)),
+            2: [("ZeRO-2 gradients replicated: stage 2 shards the gradients too, n p + S (g + o)",
+                 zero(n, W, 1, p, g, o)),
                 ("stage 2 shards the parameters instead of the gradients (ZeRO-2 is P_os+g)", n * g + S * (p + o)),
                 ("parameters sharded at stage 2 (that is stage 3)", zero(n, W, 3, p, g, o))],
-            3: [("ZeRO-3 parameters replicated: stage 3 shards every state, S (p + g + o)", zero(n, W, 2, p, g, o))]}[stage]
+            3: [("ZeRO-3 parameters replicated: stage 3 shards every state, S (p + g + o)",
+                 zero(n, W, 2, p, g, o))]}[stage]
 
 
 @pytest.mark.part("A")
@@ -545,6 +560,8 @@ def test_activation_bytes_per_layer(impl, gen, num, case):
     t = 1 if where == "t1" else _pick(gen, [2, 3, 4, 5, 8])
     a = t * _ri(gen, 2, 12)
     s, b, h = 64 * _ri(gen, 2, 64), _ri(gen, 1, 8), a * 16 * _ri(gen, 2, 8)
+    if (s, b, h, a) == (2048, 1, 12288, 96):       # the visible test's GPT-3 layer
+        s += 64
     for sp in ([where == "sp"] if where else [False, True]):    # "full": both
         got = impl.activation_bytes_per_layer(s, b, h, a, recompute=recompute, tensor_parallel=t, sequence_parallel=sp)
         num.exact(got, activation(s, b, h, a, t, recompute, sp),
@@ -680,7 +697,8 @@ def _refuse_activation(impl, gen, num):
     h = a * 64
     num.exact(impl.activation_bytes_per_layer(s, b, h, a, tensor_parallel=4), activation(s, b, h, a, 4, "none", False),
               f"activation_bytes_per_layer({s}, {b}, {h}, {a}, tensor_parallel=4)")
-    for args, kwargs, name in (((s, b, h + 1, a), {}, "d_model"), ((s, b, h, a), {"tensor_parallel": a + 1}, "tensor_parallel"),
+    for args, kwargs, name in (((s, b, h + 1, a), {}, "d_model"),
+                               ((s, b, h, a), {"tensor_parallel": a + 1}, "tensor_parallel"),
                                ((0, b, h, a), {}, "seq_len"), ((s, b, h, a), {"recompute": "partial"}, "recompute")):
         num.refused(ValueError, f"activation_bytes_per_layer{args} {kwargs} ({name})", impl.activation_bytes_per_layer,
                     *args, **kwargs, name=name)
@@ -699,7 +717,8 @@ def _refuse_elementwise(impl, gen, num):
     numel = _ri(gen, 100, 10**6)
     got = impl.elementwise_cost(numel, n_inputs=0, n_outputs=1, flops_per_element=0, dtype_bytes=2)
     assert tuple(got) == (0, 2 * numel), \
-        f"elementwise_cost({numel}, n_inputs=0, flops_per_element=0) must be (0, {2 * numel}) (both may be 0), got {got!r}"
+        f"elementwise_cost({numel}, n_inputs=0, flops_per_element=0) must be (0, {2 * numel}) (both may be 0), " \
+        f"got {got!r}"
     for kwargs, name in (({"numel": 0}, "numel"), ({"n_outputs": 0}, "n_outputs"), ({"dtype_bytes": 0}, "dtype_bytes"),
                          ({"n_inputs": -1}, "n_inputs")):
         args = {"numel": numel, **kwargs}

@@ -305,7 +305,8 @@ def test_objective_value_and_gradient(impl, gen, num, case):
             f"{tuple(getattr(got, 'shape', ()))} ({label})"
     v = num.value(got, "scaling_law_objective", label)
     if case == "overflowing-exponents" and not math.isfinite(v):
-        raise AssertionError(f"log-sum-exp overflowed: a - alpha log N reaches {float(theta[0] - theta[3] * runs.logs[0].min()):.0f} "
+        top = float(theta[0] - theta[3] * runs.logs[0].min())
+        raise AssertionError(f"log-sum-exp overflowed: a - alpha log N reaches {top:.0f} "
                              f"here, past float64's exp (709); compute it as torch.logsumexp (subtract the max), "
                              f"got {v} ({label})")
     num.close(v, float(want), "scaling_law_objective is not the sum of Huber losses of log-loss residuals", label,
@@ -367,7 +368,8 @@ def test_compute_optimal(impl, gen, num, shape):
                      ("G inverted: G = (alpha A / (beta B))^(1/(alpha+beta))", (C / 6) ** (b / (a + b)) / G)])
     num.close(got[1], D, "D_opt is not (C/6)^(alpha/(alpha+beta)) / G", case,
               known=[("C = 6ND misapplied: D_opt = C / (6 N_opt), not C / N_opt", C / N),
-                     ("C = 6ND misapplied: D_opt = (C/6)^(alpha/(alpha+beta)) / G, C divided by 6", C ** (a / (a + b)) / G),
+                     ("C = 6ND misapplied: D_opt = (C/6)^(alpha/(alpha+beta)) / G, C divided by 6",
+                      C ** (a / (a + b)) / G),
                      ("exponents swapped: D_opt grows as (C/6)^(alpha/(alpha+beta))", (C / 6) ** (b / (a + b)) / G)])
     num.close(6 * num.value(got[0], "N_opt") * num.value(got[1], "D_opt"), C, "6 N_opt D_opt must equal C", case)
 
@@ -417,11 +419,10 @@ def test_fit_reports_its_objective_and_law(impl, gen, num):
     case = f"synthetic-{len(runs.N)}runs"
     fit = impl.fit_scaling_law(runs.N.tolist(), runs.D.tolist(), runs.loss.tolist(), init_grid=torch.tensor([start]))
     fitted, obj, theta = fit_parts(fit, case)
-    assert theta.dtype == torch.float64 or fit.theta.dtype == torch.float64, \
-        f"ScalingFit.theta must be float64, got {fit.theta.dtype} ({case})"
+    raw = fit[2] if isinstance(fit, tuple) else fit.theta
+    assert raw.dtype == torch.float64, f"ScalingFit.theta must be a float64 tensor, got {raw.dtype} ({case})"
     mine = num.own(impl.scaling_law_objective, float(runs.f(theta)), theta.clone(), runs.N, runs.D, runs.loss,
                    factor=1.5)
-    assert type(obj) is float or isinstance(obj, float), f"ScalingFit.objective must be a float, got {type(obj).__name__}"
     num.close(obj, float(runs.f(theta)), "ScalingFit.objective is not the objective at ScalingFit.theta", case,
               rel=1e-9, also=[mine] if mine is not None else [],
               known=[("the objective of the start, not of the fit", float(runs.f(torch.tensor(start))))])
@@ -465,8 +466,10 @@ def test_fit_refusals_name_the_argument(impl, gen, num):
 @pytest.mark.points(3)
 def test_every_start_runs_and_the_best_is_kept(impl, gen):
     """Starts 0 and 2 have a dead B / D**beta term (e^-40 of E: no gradient revives it), start 1
-    reaches the minimum. Graded by the basin: the fit must lie below the dead starts' best,
-    so a fit merely stopped early from start 1 (graded by the synthetic test) still passes."""
+    reaches the minimum. Graded by the basin: the dead starts end near the best fit without the B
+    term (the graders' Newton on log A, log E and alpha), tens of times above the minimum; the fit
+    must lie below the geometric mean of the two, so a fit merely stopped early from start 1
+    (a few times above the minimum; graded by the synthetic test) still passes."""
     law, runs, minimum, good = synthetic_case(gen)
     grid = [dead_start(gen, good, runs), good, dead_start(gen, good, runs)]
     dead = min(newton(runs, s, free=(0, 2, 3))[1] for s in (grid[0], grid[2]))
@@ -474,7 +477,7 @@ def test_every_start_runs_and_the_best_is_kept(impl, gen):
     fit = impl.fit_scaling_law(runs.N, runs.D, runs.loss, init_grid=grid)
     _, _, theta = fit_parts(fit, case)
     f = float(runs.f(theta))
-    assert math.isfinite(f) and f < dead * (1 - 1e-3), (
+    assert math.isfinite(f) and f < math.sqrt(dead * minimum.f), (
         f"{BEST_KEPT}: the fit's objective {f:.6g} is no better than the dead starts' ({dead:.6g}, the minimum is "
         f"{minimum.f:.6g}) ({case}): a single start, the first or the last start's fit kept, or a loop that stops "
         "early? Minimise from every start and return the lowest objective")

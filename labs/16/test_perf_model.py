@@ -56,7 +56,8 @@ def test_cost_param_count_of_known_models(impl):
 
 @pytest.mark.part("A")
 def test_cost_param_count_equals_the_given_decoder(impl):
-    for flags in ({}, {"bias": True, "learned_pos": True}, {"tied_embeddings": False, "gated_mlp": True, "n_kv_heads": 2}):
+    for flags in ({}, {"bias": True, "learned_pos": True},
+                  {"tied_embeddings": False, "gated_mlp": True, "n_kv_heads": 2}):
         cfg = impl.GPTConfig(**SMALL, **flags)
         want = sum(p.numel() for p in impl.build_model(cfg).parameters())
         assert impl.param_count(cfg) == want, f"param_count differs from the decoder's parameters with {flags}"
@@ -200,7 +201,8 @@ def test_roofline_on_your_gpu(impl):
     if peak is None:
         pytest.skip(f"no peak figures for {name} in PEAKS: add your GPU's dense bf16 FLOP/s and HBM bytes/s")
     x = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
-    a, b = torch.randn(2**28, device="cuda", dtype=torch.bfloat16), torch.randn(2**28, device="cuda", dtype=torch.bfloat16)
+    a = torch.randn(2**28, device="cuda", dtype=torch.bfloat16)
+    b = torch.randn(2**28, device="cuda", dtype=torch.bfloat16)
     for what, fn, (flops, n_bytes) in (("matmul 8192^3", lambda: x @ x, impl.matmul_cost(8192, 8192, 8192)),
                                        ("add 2^28", lambda: a + b, impl.elementwise_cost(2**28, n_inputs=2))):
         times = []
