@@ -14,7 +14,11 @@ comes from their own damped Newton (exact Hessian), started from the truth (or B
 published fit) and again from the submission's theta, the lower kept. Every grid holds a start
 from which ``torch.optim.LBFGS`` with the contract's settings (tolerance_grad=1e-10,
 tolerance_change=1e-14, max_iter=1000, strong Wolfe) reaches that minimum: the graders draw it
-from the seed and check it with their own L-BFGS before passing it.
+from the seed and check it with their own L-BFGS, with torch's default memory and a short one,
+before passing it; a fit graded at the minimum gets two such starts (near the minimum the valley
+is narrow, and from some starts an L-BFGS with another memory crawls: rarely from both).
+The published runs are the graders' own copy of ``labs/16/data/chinchilla_svg_extracted.csv``
+(``graders/16/data/``, so that a Gradescope or nbgrader course carries it), pinned by SHA-256.
 """
 from __future__ import annotations
 
@@ -93,11 +97,11 @@ def newton(runs, start, free=(0, 1, 2, 3, 4), iters=100):
     return theta.index_put((idx,), x), fx
 
 
-def lbfgs(runs, start, max_iter=300):
+def lbfgs(runs, start, history_size=100, max_iter=300):
     """The contract's L-BFGS from ``start`` (the graders' check of a start): (theta, objective)."""
     theta = torch.tensor(start, dtype=torch.float64, requires_grad=True)
     opt = torch.optim.LBFGS([theta], lr=1.0, max_iter=max_iter, tolerance_grad=1e-10, tolerance_change=1e-14,
-                            line_search_fn="strong_wolfe")
+                            history_size=history_size, line_search_fn="strong_wolfe")
 
     def closure():
         opt.zero_grad()
@@ -126,13 +130,21 @@ class Minimum:
             self.theta, self.f = theta, f
 
 
+HISTORIES = (100, 10)   # torch's default memory and a short one: a start both reach the minimum from is an easy one
+
+
 def good_start(gen, runs, minimum, center, spread, tries=12):
-    """A start drawn around ``center`` from which the contract's L-BFGS reaches the minimum."""
+    """A start drawn around ``center`` from which the contract's L-BFGS reaches the minimum within
+    300 iterations, with torch's default memory and with a short one (near the minimum the fit's
+    valley is narrow and L-BFGS crawls from some starts; these are left out). A fit graded at the
+    minimum gets two such starts: another L-BFGS (another memory size, your own) may still crawl
+    from one of them, rarely from both."""
     for _ in range(tries):
         start = [c + _u(gen, -s, s) for c, s in zip(center, spread)]
-        theta, f = lbfgs(runs, start)
-        if f <= minimum.f * (1 + 1e-9):
+        ends = [lbfgs(runs, start, history_size=h) for h in HISTORIES]
+        for theta, f in ends:
             minimum.offer(theta, f)
+        if all(f <= minimum.f * (1 + 1e-8) for _, f in ends):   # 100 times inside the contract's 1e-6
             return start
     raise RuntimeError(f"grader defect: no start around {center} from which L-BFGS reaches the minimum")
 
@@ -388,25 +400,51 @@ def test_compute_optimal_refusal(impl, gen, num):
 
 # ----------------------------------------------------------------------------- the fit: synthetic runs
 
-def synthetic_case(gen, **kwargs):
-    """(law, runs, minimum, a checked good start) of a synthetic case."""
+SYNTHETIC_SPREAD = (2.0, 2.0, 0.3, 0.1, 0.1)   # around the truth
+
+
+def recovered(theta, law):
+    """Whether ``theta`` recovers ``law`` within the contract's distances for synthetic runs."""
+    A, B, E, alpha, beta = math.exp(theta[0]), math.exp(theta[1]), math.exp(theta[2]), float(theta[3]), float(theta[4])
+    return abs(E - law["E"]) / law["E"] < 0.01 and abs(alpha - law["alpha"]) < 0.02 \
+        and abs(beta - law["beta"]) < 0.02 and abs(math.log(A / law["A"])) < 0.3 and abs(math.log(B / law["B"])) < 0.3
+
+
+def synthetic_case(gen, n_good=1, **kwargs):
+    """(law, runs, minimum, ``n_good`` checked good starts) of a synthetic case whose minimum
+    recovers the law (a noise draw whose minimum does not is drawn again: the runs, not the
+    submission, would be at fault)."""
+    law = draw_law(gen)
+    for _ in range(10):
+        runs = synthetic_runs(gen, law, **kwargs)
+        minimum = Minimum(runs, truth_theta(law))
+        if recovered(minimum.theta, law):
+            break
+    else:
+        raise RuntimeError("grader defect: ten noise draws whose minimum does not recover the law")
+    return law, runs, minimum, [good_start(gen, runs, minimum, truth_theta(law), SYNTHETIC_SPREAD)
+                                for _ in range(n_good)]
+
+
+def plain_case(gen, **kwargs):
+    """(law, runs, a start near the truth) for the tests that grade what a fit reports, not where it
+    ends: no minimum, no checked start."""
     law = draw_law(gen)
     runs = synthetic_runs(gen, law, **kwargs)
-    minimum = Minimum(runs, truth_theta(law))
-    start = good_start(gen, runs, minimum, truth_theta(law), (2.0, 2.0, 0.3, 0.1, 0.1))
-    return law, runs, minimum, start
+    return law, runs, [t + _u(gen, -s, s) / 4 for t, s in zip(truth_theta(law), SYNTHETIC_SPREAD)]
 
 
 @pytest.mark.part("C")
 @pytest.mark.points(5)
 def test_fit_reaches_the_minimum_on_synthetic_runs(impl, gen):
-    law, runs, minimum, start = synthetic_case(gen)
+    # 24 runs (4 budgets x 6 sizes): an objective near 4e-5, where the default tolerance_change=1e-9 stops L-BFGS
+    # well above the minimum from any start (with 63 runs it sometimes lands within 1e-6 by luck)
+    law, runs, minimum, starts = synthetic_case(gen, n_good=2, budgets=4, sizes=6)
     case = "synthetic-{}runs E={E:.4f} A={A:.2f} B={B:.2f} alpha={alpha:.4f} beta={beta:.4f}".format(len(runs.N), **law)
-    fit = impl.fit_scaling_law(runs.N, runs.D, runs.loss, init_grid=[start])
+    fit = impl.fit_scaling_law(runs.N, runs.D, runs.loss, init_grid=starts)
     theta = check_at_minimum(fit, runs, minimum, case)
     A, B, E, alpha, beta = math.exp(theta[0]), math.exp(theta[1]), math.exp(theta[2]), float(theta[3]), float(theta[4])
-    assert abs(E - law["E"]) / law["E"] < 0.01 and abs(alpha - law["alpha"]) < 0.02 and abs(beta - law["beta"]) < 0.02 \
-        and abs(math.log(A / law["A"])) < 0.3 and abs(math.log(B / law["B"])) < 0.3, \
+    assert recovered(theta, law), \
         f"the truth is not recovered ({case}): E={E:.4f} A={A:.2f} B={B:.2f} alpha={alpha:.4f} beta={beta:.4f}"
 
 
@@ -415,7 +453,7 @@ def test_fit_reaches_the_minimum_on_synthetic_runs(impl, gen):
 def test_fit_reports_its_objective_and_law(impl, gen, num):
     """What a ScalingFit holds, whatever its theta: objective = the objective at theta (the graders'
     or the submission's own), law = (exp(e), exp(a), exp(b), alpha, beta) of theta."""
-    law, runs, _, start = synthetic_case(gen, budgets=4, sizes=6)
+    law, runs, start = plain_case(gen, budgets=4, sizes=6)
     case = f"synthetic-{len(runs.N)}runs"
     fit = impl.fit_scaling_law(runs.N.tolist(), runs.D.tolist(), runs.loss.tolist(), init_grid=torch.tensor([start]))
     fitted, obj, theta = fit_parts(fit, case)
@@ -438,7 +476,7 @@ def test_fit_reports_its_objective_and_law(impl, gen, num):
 
 @pytest.mark.part("C")
 def test_fit_refusals_name_the_argument(impl, gen, num):
-    law, runs, _, start = synthetic_case(gen, budgets=3, sizes=4)
+    law, runs, start = plain_case(gen, budgets=3, sizes=4)
     fit = impl.fit_scaling_law(runs.N, runs.D, runs.loss, init_grid=[start])
     _, obj, theta = fit_parts(fit, "valid neighbour")
     num.close(obj, float(runs.f(theta)), "fit_scaling_law's objective at its theta (the valid neighbour)", rel=1e-9,
@@ -470,7 +508,7 @@ def test_every_start_runs_and_the_best_is_kept(impl, gen):
     term (the graders' Newton on log A, log E and alpha), tens of times above the minimum; the fit
     must lie below the geometric mean of the two, so a fit merely stopped early from start 1
     (a few times above the minimum; graded by the synthetic test) still passes."""
-    law, runs, minimum, good = synthetic_case(gen)
+    law, runs, minimum, (good,) = synthetic_case(gen)
     grid = [dead_start(gen, good, runs), good, dead_start(gen, good, runs)]
     dead = min(newton(runs, s, free=(0, 2, 3))[1] for s in (grid[0], grid[2]))
     case = f"synthetic-{len(runs.N)}runs-grid[dead, good, dead]"
@@ -486,7 +524,7 @@ def test_every_start_runs_and_the_best_is_kept(impl, gen):
 @pytest.mark.part("C")
 @pytest.mark.points(2)
 def test_non_finite_starts_are_skipped(impl, gen, num):
-    law, runs, minimum, good = synthetic_case(gen, budgets=4, sizes=6)
+    law, runs, good = plain_case(gen, budgets=4, sizes=6)
     case = f"synthetic-{len(runs.N)}runs-grid[nan, good]"
     fit = impl.fit_scaling_law(runs.N, runs.D, runs.loss, init_grid=[[math.nan] * 5, good])
     _, obj, theta = fit_parts(fit, case)
@@ -509,9 +547,9 @@ PUBLISHED_CENTER, PUBLISHED_SPREAD = (10.0, 10.0, 0.0, 0.75, 0.75), (2.0, 2.0, 0
 def test_fit_recovers_the_published_fit(impl, gen):
     runs = published_runs()
     minimum = Minimum(runs, published_theta())
-    good = good_start(gen, runs, minimum, PUBLISHED_CENTER, PUBLISHED_SPREAD)
-    grid = [dead_start(gen, good, runs), good]
-    case = f"published-{len(runs.N)}runs-grid[dead, good]"
+    good = [good_start(gen, runs, minimum, PUBLISHED_CENTER, PUBLISHED_SPREAD) for _ in range(2)]
+    grid = [dead_start(gen, good[0], runs), *good]
+    case = f"published-{len(runs.N)}runs-grid[dead, good, good]"
     fit = impl.fit_scaling_law(runs.N, runs.D, runs.loss, init_grid=grid)
     theta = check_at_minimum(fit, runs, minimum, case)
     A, B, E, alpha, beta = math.exp(theta[0]), math.exp(theta[1]), math.exp(theta[2]), float(theta[3]), float(theta[4])
@@ -532,6 +570,6 @@ def test_fit_on_a_bootstrap_resample(impl, gen):
     idx = torch.randint(0, len(runs.N), (len(runs.N),), generator=gen)
     runs = Runs(runs.N[idx], runs.D[idx], runs.loss[idx])
     minimum = Minimum(runs, published_theta())
-    good = good_start(gen, runs, minimum, PUBLISHED_CENTER, PUBLISHED_SPREAD)
-    fit = impl.fit_scaling_law(runs.N, runs.D, runs.loss, init_grid=[good])
+    good = [good_start(gen, runs, minimum, PUBLISHED_CENTER, PUBLISHED_SPREAD) for _ in range(2)]
+    fit = impl.fit_scaling_law(runs.N, runs.D, runs.loss, init_grid=good)
     check_at_minimum(fit, runs, minimum, f"bootstrap-resample-{len(runs.N)}runs")

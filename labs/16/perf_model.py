@@ -223,7 +223,12 @@ def load_chinchilla_runs(path=None, exclude_highest: int = 5):
     training_flop, loss; 245 runs), with ``D = C / (6 N)`` as they derive it. The
     ``exclude_highest`` runs with the largest loss are dropped (``loss < sorted(loss)[-5]``),
     leaving 240, as in their main fit."""
-    with open(DATA if path is None else path, newline="") as f:
+    path = DATA if path is None else Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"no {path}: the runs ship as data/chinchilla_svg_extracted.csv next to "
+                                f"{Path(__file__).name} (labs/16/data/; data/SOURCE.md says where to get it): "
+                                "pass its path")
+    with open(path, newline="") as f:
         rows = list(csv.DictReader(f))
     N = torch.tensor([float(r["model_size"]) for r in rows], dtype=torch.float64)
     C = torch.tensor([float(r["training_flop"]) for r in rows], dtype=torch.float64)

@@ -192,6 +192,7 @@ def test_scaling_objective_and_fit_on_the_published_runs(impl):
 PEAKS = {"H100": (989e12, 3.35e12), "H200": (989e12, 4.8e12), "A100": (312e12, 2.0e12)}   # dense bf16, HBM
 
 
+@pytest.mark.part("A")
 @pytest.mark.gpu
 def test_roofline_on_your_gpu(impl):
     """Feedback only: achieved / attainable for a bf16 matmul and an elementwise add, timed with
