@@ -53,6 +53,20 @@ def c10d_sent_elements(name: str, namespace: str, args) -> int | None:
         return None
 
 
+REDUCTIONS = ("sum", "mean", "prod", "amax", "amin", "max", "min", "norm", "linalg_vector_norm", "var", "std",
+              "var_mean", "std_mean", "logsumexp", "_softmax", "_log_softmax", "cumsum", "cumprod", "nansum")
+
+
+def _arith_elements(func, name: str, args, out) -> int:
+    """Element operations of one op that FlopCounterMode leaves out: a pointwise op's floating
+    output elements, a reduction's floating input elements; 0 for anything else."""
+    if torch.Tag.pointwise in func.tags:
+        return sum(t.numel() for t in tree_flatten(out)[0] if isinstance(t, torch.Tensor) and t.is_floating_point())
+    if name in REDUCTIONS and args and isinstance(args[0], torch.Tensor) and args[0].is_floating_point():
+        return args[0].numel()
+    return 0
+
+
 class AllocationTracker(TorchDispatchMode):
     """Record allocations made by ATen ops while active.
 
@@ -71,7 +85,11 @@ class AllocationTracker(TorchDispatchMode):
                      functional collectives all end in one;
       ``first_nonfinite`` with ``watch_nonfinite=True``: the first op whose floating
                      output held NaN or Inf (casting NaN to an integer is undefined
-                     behaviour even where it gives 0, so final outputs can hide it).
+                     behaviour even where it gives 0, so final outputs can hide it);
+      ``arith_elems`` element operations of the arithmetic ``FlopCounterMode`` does not count:
+                     the output elements of every pointwise op (``torch.Tag.pointwise``) and
+                     the input elements of every reduction (``REDUCTIONS``), floating only: a
+                     dense computation written with broadcasting and ``sum`` shows here.
     """
 
     def __init__(self, watch_nonfinite: bool = False):
@@ -86,6 +104,7 @@ class AllocationTracker(TorchDispatchMode):
         self.c10d_sent_bytes = 0
         self.c10d_calls: list[tuple[str, int]] = []
         self.on_c10d = None  # called with (op, elements, sent) for each of them (sent: c10d_sent_elements)
+        self.arith_elems = 0
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         out = func(*args, **(kwargs or {}))
@@ -102,6 +121,7 @@ class AllocationTracker(TorchDispatchMode):
         if name == "send" and func.namespace == "c10d" and args:
             self.c10d_sent_bytes += sum(t.numel() * t.element_size() for t in tree_flatten(args[0])[0]
                                         if isinstance(t, torch.Tensor))
+        self.arith_elems += _arith_elements(func, name, args, out)
         returns = func._schema.returns
         outs = out if isinstance(out, (tuple, list)) else (out,)
         for i, t in enumerate(outs):

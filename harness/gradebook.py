@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import warnings
 
-from .grading import part_scores
+from .records import part_scores
 from .manifest import Lab
 
 

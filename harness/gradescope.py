@@ -34,7 +34,6 @@ says why the GPU tests were not run. Without a server it says so plainly too.
 from __future__ import annotations
 
 import json
-import os
 import stat
 import time
 import zipfile
@@ -43,8 +42,8 @@ from pathlib import Path
 import httpx
 
 
-from . import grading, impl as _impl
-from .manifest import Course, Lab
+from . import files, grading, impl as _impl
+from .manifest import Course, Lab, LabPaths
 
 HARNESS_DIR = Path(__file__).resolve().parent
 VISIBILITIES = ("hidden", "after_due_date", "after_published", "visible")
@@ -70,6 +69,17 @@ LOCK=""
 $PIP install $LOCK --index-url {torch_index} --extra-index-url https://pypi.org/simple "torch=={torch}"
 $PIP install $LOCK "/autograder/source{extras}"
 /autograder/venv/bin/python -m harness --course /autograder/source list
+# the installed harness's grader-side modules (oracles, testing, grading, front ends): root only; the
+# sandboxed worker imports a staged copy of its own side (harness/sandbox/isolation.py, worker_files())
+/autograder/venv/bin/python - <<'PY'
+import os, harness
+from harness.sandbox.isolation import worker_files
+top, keep = os.path.dirname(harness.__file__), set(worker_files())
+for root, _, files in os.walk(top):
+    for f in files:
+        if os.path.relpath(os.path.join(root, f), top) not in keep:
+            os.chmod(os.path.join(root, f), 0o600)
+PY
 """
 
 RUN_AUTOGRADER = """\
@@ -88,6 +98,9 @@ if [ -z "${{LABS_PYTHON:-}}" ]; then
 fi
 export PYTHONPATH="$SRC${{PYTHONPATH:+:$PYTHONPATH}}" LABS_PROGRESS=off
 mkdir -p "$RESULTS"
+# 0. the hidden graders and the course are root's alone before any student code runs: a worker that
+# could read them (no namespaces here) refuses to start, and the run reports an infrastructure failure
+chmod -R go= "$SRC"
 # 1. grade the upload with the hidden graders (the Gradescope container is the sandbox);
 # `labs grade` finds the module by the one rule (harness.impl.locate): labs/NN/, NN/, the
 # top level, else the only shallowest one anywhere
@@ -115,13 +128,13 @@ def _payload(course: Course, lab: Lab) -> dict[str, Path]:
     framework = HARNESS_DIR.parent
     files: dict[str, Path] = {"labs.yaml": root / "labs.yaml"}
     skip = lambda p: "__pycache__" in p.parts or p.suffix == ".pyc" or p.name.startswith(".")
-    for base, top in ((HARNESS_DIR, HARNESS_DIR.parent), (root / "graders" / lab.number, root)):
+    paths = course.paths(lab)
+    for base, top in ((HARNESS_DIR, HARNESS_DIR.parent), (paths.graders, root)):
         for p in sorted(base.rglob("*")):
             if p.is_file() and not skip(p.relative_to(top)):
                 files[p.relative_to(top).as_posix()] = p
-    stub = root / "labs" / lab.number / lab.filename
-    if stub.is_file():  # the contract: names and signatures a submission must keep
-        files[f"labs/{lab.number}/{lab.filename}"] = stub
+    if paths.stub.is_file():  # the contract: names and signatures a submission must keep
+        files[paths.relative.stub.as_posix()] = paths.stub
     for base in (root, framework):  # the package definition and the lock: the course's, else the framework's
         if (base / "pyproject.toml").is_file() and "pyproject.toml" not in files:
             files["pyproject.toml"] = base / "pyproject.toml"
@@ -150,18 +163,17 @@ def build_zip(course: Course, lab: Lab, out: Path, visibility: str = "after_publ
     token), the autograder forwards each submission there for its GPU tests."""
     if bool(server) != bool(server_token):
         raise ValueError("server and server_token go together (labs account add NAME --role bridge)")
-    if not (course.root / "graders" / lab.number).is_dir():
-        raise FileNotFoundError(f"no hidden graders for lab {lab.number} ({course.root / 'graders' / lab.number})")
+    graders = course.paths(lab).graders
+    if not graders.is_dir():
+        raise FileNotFoundError(f"no hidden graders for lab {lab.number} ({graders})")
     if visibility not in VISIBILITIES:
         raise ValueError(f"visibility must be one of {', '.join(VISIBILITIES)}, got {visibility!r}")
     fmt = dict(number=lab.number, title=lab.title, module=lab.filename, visibility=visibility,
                torch=_torch_pin(course), torch_index=TORCH_CPU_INDEX,
                extras="[triton]" if "triton" in lab.requires else "", server_file=SERVER_FILE)
     scripts = {"setup.sh": SETUP_SH.format(**fmt), "run_autograder": RUN_AUTOGRADER.format(**fmt)}
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.with_name(f".{out.name}.tmp")
     names = []
-    with zipfile.ZipFile(tmp, "w", zipfile.ZIP_DEFLATED) as zf:
+    with files.atomic_open(out, "wb", perms=files.SHARED) as f, zipfile.ZipFile(f, "w", zipfile.ZIP_DEFLATED) as zf:
         for name, text in scripts.items():
             info = zipfile.ZipInfo(name, date_time=(2024, 1, 1, 0, 0, 0))
             info.external_attr = (stat.S_IFREG | 0o755) << 16
@@ -178,7 +190,6 @@ def build_zip(course: Course, lab: Lab, out: Path, visibility: str = "after_publ
         if secret is not None:
             zf.writestr(grading.SECRET_FILE, secret + b"\n")
             names.append(grading.SECRET_FILE)
-    os.replace(tmp, out)
     return names
 
 
@@ -190,7 +201,7 @@ def forward(course: Course, submission: Path, lab: Lab, metadata: Path | None, o
     results.json, "gpu_model", "id"}`` when graded, else ``{"error": why}``; never raises
     (the local grade stands). Returns what it wrote."""
     def done(payload: dict) -> dict:
-        grading.write_json_atomic(out, payload)
+        files.write_json(out, payload)
         return payload
 
     cfg = json.loads((course.root / SERVER_FILE).read_text())
@@ -251,18 +262,18 @@ def finalize(raw_path: Path, out_path: Path, *, status: int, log: str, lab: Lab,
                                        "Course staff have been notified by this message; please ask them.",
                "visibility": "visible", "stdout_visibility": "hidden", "tests": [],
                "extra_data": {"lab": lab.number, "grading_failed": True}}
-        grading.write_json_atomic(out_path, res)
+        files.write_json(out_path, res)
         return res
     res = dict(raw)
     module = res.get("extra_data", {}).get("module", "")  # the file `labs grade` graded (impl.locate)
     for t in res["tests"]:
         t["visibility"] = visibility
     if module:
-        check = (f"Graded {module} as labs/{lab.number}/{lab.filename}; "
+        check = (f"Graded {module} as {LabPaths.of(lab).stub}; "
                  f"{len(res['tests'])} hidden tests, results shown {visibility.replace('_', ' ')}.")
         passed = "passed"
     else:
-        check = (f"No {lab.filename} in your upload: submit labs/{lab.number}/{lab.filename} "
+        check = (f"No {lab.filename} in your upload: submit {LabPaths.of(lab).stub} "
                  f"(or the file alone). Every test scores 0.")
         passed = "failed"
     if note:
@@ -271,5 +282,5 @@ def finalize(raw_path: Path, out_path: Path, *, status: int, log: str, lab: Lab,
                      "output": check, "visibility": "visible", "tags": []}] + res["tests"]
     res["visibility"] = "visible"
     res.setdefault("leaderboard", [])
-    grading.write_json_atomic(out_path, res)
+    files.write_json(out_path, res)
     return res

@@ -1,9 +1,12 @@
-"""Grade one submission of one lab with the hidden graders.
+"""Grade one submission of one lab with the hidden graders: the grading layer's pipeline.
 
 The pipeline is an ordered list of small steps (nbgrader's converters style):
 
-1. ``stage``   copy only ``NN/<module>.py`` from the submission into a fresh
-               trusted tree; everything else is listed as ignored;
+0. ``take``    a submission's module, found and read once (``find_module``: the
+               one rule ``impl.locate``, no links, at most ``MAX_MODULE_BYTES``),
+               from a folder or an archive (``archives.unpack``): a ``Module``;
+1. ``stage``   write only ``NN/<module>.py`` into a fresh trusted tree; the
+               other files of its folder are listed as ignored;
 2. ``run``     run ``pytest graders/NN --impl <staged>`` in a separate process
                with a secret seed (``grading_seed``: the course secret and the
                submission's bytes), a wall-clock limit and a per-test limit;
@@ -13,7 +16,10 @@ The pipeline is an ordered list of small steps (nbgrader's converters style):
                tests by weight; perf tests are scaled by ``labs.yaml``
                thresholds; GPU tests that could not run score 0, tagged
                ``skipped``, and are left out of ``max_score_runnable``;
-4. ``report``  a table (CLI) or Gradescope's ``results.json``.
+4. ``record``  a ``records.GradeResult`` (``grade``, ``grade_module``), or for one
+               submission whatever happens a ``records.Graded`` (``grade_one``:
+               what ``labs grade-all`` and the course server carry); Gradescope's
+               ``results.json`` is its export.
 
 Grading "ran" whenever step 2 produced results, whatever the score; it
 *fails* (``GradingError``) when the graders themselves are broken or missing,
@@ -21,7 +27,7 @@ and (``InfraFailure``, "grading failed: <reason>") when the run's results are
 no grade through no fault of the submission: a test recorded ``infra`` (the
 sandbox could not start) or the grader run ended early without reaching its
 time limit (the trusted grader crashed). An infrastructure failure is never
-a student's 0.
+a student's 0: ``grade_one`` records it as ``Status.INFRA_ERROR``, with no score.
 """
 from __future__ import annotations
 
@@ -32,117 +38,20 @@ import io
 import json
 import os
 import secrets
-import signal
 import stat
 import subprocess
 import sys
 import tarfile
 import tempfile
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
-from . import container, impl as _impl, manifest as _manifest
-from .errors import GradingError, InfraFailure  # noqa: F401  (grading.GradingError: part of this module's API)
-from .manifest import Course, Lab
+from . import archives, container, files, forkserver, impl as _impl, manifest as _manifest
+from .errors import GradingError, InfraFailure
+from .manifest import Course, Lab, LabPaths
+from .records import GradeResult, Graded, Status, TestResult
 
-
-
-@dataclass
-class TestResult:
-    name: str
-    nodeid: str
-    part: str
-    max_score: float
-    score: float
-    outcome: str  # passed, failed, error, skipped, not run
-    output: str = ""
-    duration_s: float = 0.0
-    tags: list[str] = field(default_factory=list)
-    perf: list[dict] = field(default_factory=list)
-    bonus: bool = False  # counts in score, not in max_score
-    impl_error: str = ""  # "missing", "import" or "api": the implementation could not be loaded
-
-    @property
-    def runnable(self) -> bool:
-        return self.outcome != "skipped"
-
-
-def _gradescope_test(t: TestResult, visibility: str) -> dict:
-    """One test of Gradescope's ``results.json``. A test not run here (``skipped``: it
-    needs a GPU this machine lacks) is neither passed nor failed: no ``status`` and
-    ``max_score`` 0 (Gradescope shows it neutral, not as a failure), its worth in
-    ``extra_data.not_run_points`` and the reason in its output."""
-    entry = {"name": f"{t.part}: {t.name}", "score": t.score, "max_score": t.max_score,
-             "output": t.output, "visibility": visibility, "tags": t.tags, "extra_data": {"part": t.part}}
-    if not t.runnable:
-        entry.update(max_score=0.0, output=f"not run here, worth {t.max_score:.4g} points: {t.output}")
-        entry["extra_data"]["not_run_points"] = t.max_score
-    else:
-        entry["status"] = "passed" if t.outcome == "passed" and t.score >= t.max_score - 1e-9 else "failed"
-    return entry
-
-
-@dataclass
-class GradeResult:
-    lab: str
-    submission: str
-    seed: int
-    tests: list[TestResult]
-    duration_s: float
-    notes: list[str] = field(default_factory=list)
-    ignored: list[str] = field(default_factory=list)
-    module: str = ""   # the graded file, relative to the submission ("" when none): impl.locate
-    stopped: str = ""  # why the run was stopped at its time limit (tests not reached score 0)
-
-    @property
-    def score(self) -> float:
-        """The sum of the tests' scores, rounded to 4 places once (results.json keeps each
-        test's score unrounded, so every total -- grades.csv, the gradebook, results.json
-        -- is the same sum, without per-test rounding drift)."""
-        return round(sum(t.score for t in self.tests), 4)
-
-    @property
-    def max_score(self) -> float:
-        """Points of every non-bonus test (bonus tests add to ``score`` only)."""
-        return round(sum(t.max_score for t in self.tests if not t.bonus), 4)
-
-    @property
-    def max_score_runnable(self) -> float:
-        return round(sum(t.max_score for t in self.tests if t.runnable and not t.bonus), 4)
-
-    def to_gradescope(self, visibility: str = "visible") -> dict:
-        """Gradescope's autograder ``results.json`` schema."""
-        tests = [_gradescope_test(t, visibility) for t in self.tests]
-        figures = [(p["name"], t.name.partition("[")[2].rstrip("]"), p["ratio"])
-                   for t in self.tests for p in t.perf if p.get("ratio") is not None]
-        names = [n for n, _, _ in figures]  # a name recorded by several cases gets the case id: names stay unique
-        leaderboard = [{"name": f"{n} [{case}]" if names.count(n) > 1 and case else n, "value": round(r, 4),
-                        "order": "asc"} for n, case, r in figures]
-        return {"score": self.score, "execution_time": round(self.duration_s, 2),
-                "output": "\n".join(self.notes), "visibility": visibility, "stdout_visibility": "hidden",
-                "tests": tests, "leaderboard": leaderboard,
-                "extra_data": {"lab": self.lab, "max_score": self.max_score,
-                               "max_score_runnable": self.max_score_runnable,
-                               "bonus_score": round(sum(t.score for t in self.tests if t.bonus), 4),
-                               "ignored_files": self.ignored, "module": self.module}}
-
-    def to_json(self) -> dict:
-        d = asdict(self)
-        d.update(score=self.score, max_score=self.max_score, max_score_runnable=self.max_score_runnable)
-        return d
-
-
-def part_scores(results: dict) -> dict[str, float]:
-    """Points per part of a Gradescope ``results.json`` written by ``to_gradescope``
-    (each test's ``extra_data.part``; a test without one, such as the autograder's
-    "Submission check", counts for no part), summed as the score is."""
-    out: dict[str, float] = {}
-    for t in results.get("tests", []):
-        part = (t.get("extra_data") or {}).get("part")
-        if part is not None:
-            out[part] = out.get(part, 0.0) + float(t["score"])
-    return {k: round(v, 4) for k, v in out.items()}
 
 
 # --- the grading seed ------------------------------------------------------
@@ -168,15 +77,7 @@ def course_secret(course: Course) -> bytes | None:
         return None
     try:
         path.parent.mkdir(mode=0o700, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".secret-")
-        with os.fdopen(fd, "w") as f:
-            f.write(secrets.token_hex(32) + "\n")
-        try:
-            os.link(tmp, path)  # fails when another grader created it first: theirs wins
-        except FileExistsError:
-            pass
-        finally:
-            os.unlink(tmp)
+        files.write_atomic(path, secrets.token_hex(32) + "\n", exclusive=True)  # another grader's first: theirs
         return path.read_bytes().strip() or None
     except OSError:
         return None
@@ -186,7 +87,7 @@ def graders_of(course: Course, lab: Lab) -> Path:
     """The hidden graders of ``lab`` (``graders/NN/``). Raises GradingError: in a student
     checkout (no ``graders/`` at all) one that says where grading happens, else one that
     names the missing folder."""
-    graders = course.root / "graders" / lab.number
+    graders = course.paths(lab).graders
     if graders.is_dir():
         return graders
     if not graders.parent.is_dir():
@@ -210,32 +111,39 @@ def grading_seed(secret: bytes | None, lab: Lab, module: bytes) -> int:
     return int.from_bytes(mac[:4], "big")
 
 
-# --- step 1: stage ---------------------------------------------------------
+# --- step 0: take the module ------------------------------------------------
 
-def stage(submission: Path, lab: Lab, workdir: Path) -> tuple[Path, str, list[str], list[str]]:
-    """Copy the submission's module (found by ``impl.locate``: the one rule) into
-    ``workdir/impl/NN/``.
+@dataclass(frozen=True)
+class Module:
+    """A submission's lab module, found and read once: what the grader stages, the seed
+    is drawn from and the course server stores."""
+    data: bytes
+    path: str = ""                 # where it was found, relative to the submission
+    ignored: tuple[str, ...] = ()  # the other files of its folder: not graded
 
-    Returns ``(impl_root, module, notes, ignored)``: ``module`` is the graded file's
-    path relative to ``submission`` ("" when none). A missing, ambiguous or refused
-    module (see :func:`read_module`) is a note (every test will fail naming it), not
-    an error: the submission still gets a row.
-    """
-    impl_root = workdir / "impl"
-    dest = impl_root / lab.number
-    dest.mkdir(parents=True)
-    notes, ignored = [], []
-    try:
-        src = _impl.locate(submission, lab)
-        (dest / lab.filename).write_bytes(read_module(src, submission))
-    except _impl.ImplError as e:
-        notes.append(str(e))
-        return impl_root, "", notes, ignored
-    ignored = sorted(str(p.relative_to(src.parent)) for p in src.parent.rglob("*")
-                     if p.is_file() and p != src and "__pycache__" not in p.parts)
-    if ignored:
-        notes.append(f"graded only {lab.number}/{lab.filename}; ignored {len(ignored)} other file(s) in its folder")
-    return impl_root, src.relative_to(submission).as_posix(), notes, ignored
+    @property
+    def fingerprint(self) -> str:
+        """sha256 of the module's bytes: the same module submitted again is the same."""
+        return hashlib.sha256(self.data).hexdigest()
+
+
+def find_module(submission: Path, lab: Lab) -> Module:
+    """The lab's module in the folder ``submission``: found by ``impl.locate`` (the one
+    rule), read by ``read_module`` (no link, nothing outside, not too large). Raises
+    ImplError saying why there is none."""
+    src = _impl.locate(submission, lab)
+    data = read_module(src, submission)
+    ignored = tuple(sorted(str(p.relative_to(src.parent)) for p in src.parent.rglob("*")
+                           if p.is_file() and p != src and "__pycache__" not in p.parts))
+    return Module(data, src.relative_to(submission).as_posix(), ignored)
+
+
+def take(source: Path, lab: Lab, workdir: Path, max_bytes: int = archives.DEFAULT_MAX_UNPACKED_MB << 20) -> Module:
+    """The module of a submission: a folder, or an archive unpacked into ``workdir``
+    (``archives.unpack``'s checks, at most ``max_bytes``). Raises UnpackError or
+    ImplError saying why there is none."""
+    root = archives.unpack(source, workdir / "unpacked", max_bytes) if source.is_file() else source
+    return find_module(root, lab)
 
 
 MAX_MODULE_BYTES = 1 << 20
@@ -271,11 +179,6 @@ def read_module(src: Path, root: Path) -> bytes:
     return data
 
 
-# --- step 2: run -----------------------------------------------------------
-
-SANDBOXES = ("docker", "process")
-
-
 def pack_module(path: Path, lab: Lab) -> bytes:
     """A gzipped tar holding only ``NN/<module>.py``, read from ``path`` with
     ``read_module``'s checks: what ``labs submit`` uploads to the course server (nothing
@@ -283,10 +186,28 @@ def pack_module(path: Path, lab: Lab) -> bytes:
     data = read_module(path, path.parent)
     buf = io.BytesIO()
     with tarfile.open(fileobj=buf, mode="w:gz") as tar:
-        info = tarfile.TarInfo(f"{lab.number}/{lab.filename}")
+        info = tarfile.TarInfo(LabPaths.of(lab).in_impl("").as_posix())
         info.size, info.mode, info.mtime = len(data), 0o644, 0
         tar.addfile(info, io.BytesIO(data))
     return buf.getvalue()
+
+
+# --- step 1: stage -------------------------------------------------------------
+
+def stage(module: Module | None, lab: Lab, workdir: Path) -> Path:
+    """``workdir/impl``, the trusted tree the graders run on: ``NN/<module>.py`` holding
+    ``module``'s bytes, or nothing without a module (every test then fails naming why)."""
+    impl_root = workdir / "impl"
+    staged = LabPaths.of(lab).in_impl(impl_root)
+    staged.parent.mkdir(parents=True)
+    if module is not None:
+        staged.write_bytes(module.data)
+    return impl_root
+
+
+# --- step 2: run -----------------------------------------------------------
+
+SANDBOXES = ("docker", "process")
 
 
 def run(course: Course, lab: Lab, impl_root: Path, results: Path, seed: int,
@@ -308,30 +229,25 @@ def run(course: Course, lab: Lab, impl_root: Path, results: Path, seed: int,
         raise ValueError(f"sandbox must be one of {', '.join(SANDBOXES)}, got {sandbox!r}")
     graders = graders_of(course, lab)
     timeout_s = timeout_s or lab.limits.timeout_s
-    cmd = [sys.executable, "-m", "pytest", str(graders), "--impl", str(impl_root), "--sandbox", "worker",
-           "--labs-results", str(results), "--rootdir", str(course.root), "-q", "-p", "no:cacheprovider",
-           "-o", "addopts=--import-mode=importlib", f"--timeout={lab.limits.test_timeout_s}"]
+    argv = [str(graders), "--impl", str(impl_root), "--sandbox", "worker", "--labs-results", str(results),
+            "--rootdir", str(course.root), "-q", "-p", "no:cacheprovider", "-o", "addopts=--import-mode=importlib",
+            f"--timeout={lab.limits.test_timeout_s}"]
     if select is not None:
-        cmd += ["-k", select]
+        argv += ["-k", select]
     env = {**os.environ, "PYTHONDONTWRITEBYTECODE": "1", "LABS_COURSE": str(course.root), "LABS_SEED": str(seed)}
-    proc = subprocess.Popen(cmd, cwd=course.root, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            text=True, start_new_session=True, preexec_fn=_die_with_parent)
+    returncode, out, timed_out = forkserver.run(argv, cwd=course.root, env=env, timeout=timeout_s)
     note = stopped = ""
-    try:
-        out, _ = proc.communicate(timeout=timeout_s)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        out, _ = proc.communicate()
+    if timed_out:
         note = stopped = f"the grader run exceeded its {timeout_s:.0f} s limit and was stopped"
     if not results.exists():
-        raise GradingError(f"the grader run produced no results (exit {proc.returncode}): {out[-1500:]}")
+        raise GradingError(f"the grader run produced no results (exit {returncode}): {out[-1500:]}")
     raw = json.loads(results.read_text())
     if raw["errors"]:
         raise GradingError("graders failed to collect: " + raw["errors"][0][-1500:])
     if not raw["tests"]:
         raise GradingError(f"no grader tests collected in {graders}")
     if not note and not raw["finished"]:
-        note = f"the grader run ended early (exit code {proc.returncode})"
+        note = f"the grader run ended early (exit code {returncode})"
     raw["stopped"] = stopped  # a record for grade(): stopped at its limit, not crashed
     return raw, note
 
@@ -346,17 +262,6 @@ def infra_failure(raw: dict, note: str = "") -> str:
     if not raw["finished"] and not raw.get("stopped"):
         return note or "the grader run ended early"
     return ""
-
-
-def _die_with_parent() -> None:
-    """In the grader child: ask Linux to SIGKILL it when the grading process dies, so a
-    killed `labs grade-all` leaves no grader running (its own session escapes the
-    terminal's process-group signal). A no-op elsewhere."""
-    try:
-        import ctypes
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
-    except (OSError, AttributeError):
-        pass
 
 
 # --- step 3: score ---------------------------------------------------------
@@ -404,50 +309,103 @@ def score(raw: dict, lab: Lab, note: str = "", partial: bool = False) -> list[Te
 def grade(submission: Path | str, lab: Lab, course: Course, *, seed: int | None = None,
           timeout_s: float | None = None, sandbox: str = "process", select: str | None = None) -> GradeResult:
     """Grade the code at ``submission`` (a checkout, a directory with ``NN/<module>.py``,
-    an upload: the module is found by ``impl.locate``) for ``lab``; ``sandbox`` is where the
-    graders run: ``"process"`` (a local child process) or ``"docker"`` (the
-    course's grading image; see ``run``); ``select``: only the grader tests a pytest
-    ``-k`` expression keeps (see ``run``).
-
-    ``seed`` defaults to ``grading_seed`` of the course secret and the staged module
-    (kept in the result and printed by ``labs grade`` so staff can replay a disputed
-    grade; never in Gradescope's results.json). Raises GradingError when grading cannot run
-    (InfraFailure when the infrastructure failed: see ``infra_failure``),
-    FileNotFoundError when ``submission`` does not exist."""
+    an upload: the module is found by ``find_module``) for ``lab``: ``grade_module``.
+    A missing, ambiguous or refused module is a note (every test fails naming it), not
+    an error. Raises FileNotFoundError when ``submission`` is not a directory."""
     submission = Path(submission).resolve()
     if not submission.is_dir():
         raise FileNotFoundError(f"submission {submission} is not a directory")
+    try:
+        module, notes = find_module(submission, lab), []
+    except _impl.ImplError as e:
+        module, notes = None, [str(e)]
+    return grade_module(module, lab, course, submission=str(submission), notes=notes, seed=seed,
+                        timeout_s=timeout_s, sandbox=sandbox, select=select)
+
+
+def grade_module(module: Module | None, lab: Lab, course: Course, *, submission: str, notes: list[str] = (),
+                 seed: int | None = None, timeout_s: float | None = None, sandbox: str = "process",
+                 select: str | None = None) -> GradeResult:
+    """Grade ``module`` (None: there is none, ``notes`` say why) for ``lab``; ``submission``
+    names it in the result and in messages (never the temporary copy). ``sandbox`` is
+    where the graders run: ``"process"`` (a local child process) or ``"docker"`` (the
+    course's grading image; see ``run``); ``select``: only the grader tests a pytest
+    ``-k`` expression keeps (see ``run``).
+
+    ``seed`` defaults to ``grading_seed`` of the course secret and the module (kept in
+    the result and printed by ``labs grade`` so staff can replay a disputed grade; never
+    in Gradescope's results.json). Raises GradingError when grading cannot run
+    (InfraFailure when the infrastructure failed: see ``infra_failure``)."""
     if sandbox != "docker":  # the image holds its own graders; here first: a student checkout has none
         graders_of(course, lab)  # (and then no secret is made)
+    notes = list(notes)
+    if module is not None and module.ignored:
+        notes.append(f"graded only {LabPaths.of(lab).in_impl('')}; ignored {len(module.ignored)} other file(s) "
+                     f"in its folder")
     t0 = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="labs-grade-") as tmp:
         work = Path(tmp)
-        impl_root, module, notes, ignored = stage(submission, lab, work)
+        impl_root = stage(module, lab, work)
         if seed is None:
-            staged = impl_root / lab.number / lab.filename
-            seed = grading_seed(course_secret(course), lab, staged.read_bytes() if staged.is_file() else b"")
+            seed = grading_seed(course_secret(course), lab, module.data if module is not None else b"")
         raw, note = run(course, lab, impl_root, work / "results.json", seed, timeout_s, sandbox, select)
     reason = infra_failure(raw, note)
     if reason:
-        raise InfraFailure(reason.replace(str(impl_root), str(submission)))
+        raise InfraFailure(reason.replace(str(impl_root), submission))
     if note:
         notes.append(note)
     tests = score(raw, lab, note, partial=select is not None)
     for t in tests:  # name the submission, not the temporary copy, in messages
-        t.output = t.output.replace(str(impl_root), str(submission))
-    return GradeResult(lab=lab.number, submission=str(submission), seed=seed, tests=tests,
-                       duration_s=time.monotonic() - t0, notes=notes, ignored=ignored, module=module,
-                       stopped=note if raw.get("stopped") else "")
+        t.output = t.output.replace(str(impl_root), submission)
+    return GradeResult(lab=lab.number, submission=submission, seed=seed, tests=tests,
+                       duration_s=time.monotonic() - t0, notes=notes,
+                       ignored=list(module.ignored) if module is not None else [],
+                       module=module.path if module is not None else "", stopped=note if raw.get("stopped") else "")
 
 
-def write_json_atomic(path: Path | str, data: dict) -> None:
-    """Write ``data`` as JSON to ``path`` via a temporary file and rename (never half-written)."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}-")
-    with os.fdopen(fd, "w") as f:
-        json.dump(data, f, indent=2)
-    os.replace(tmp, path)
+def grade_one(source: Path | Module, lab: Lab, course: Course, *, label: str | None = None,
+              timeout_s: float | None = None, sandbox: str | None = None,
+              max_bytes: int = archives.DEFAULT_MAX_UNPACKED_MB << 20, seed: int | None = None) -> Graded:
+    """Grade one submission, whatever happens, into its ``Graded`` record: ``source`` is a
+    folder or an archive (``take``), or a ``Module`` taken before (the course server's
+    stored one). ``label`` names it in messages (default: the folder, ``<archive name>``,
+    ``<submission>``). Never raises: the student's error (an unpack error, no module),
+    a timeout and an infrastructure failure (the sandbox could not start, the graders
+    are broken, a harness bug) are each a record with its ``Status``."""
+    t0 = time.monotonic()
+    try:
+        graded = _grade_one(source, lab, course, label=label, timeout_s=timeout_s, sandbox=sandbox,
+                            max_bytes=max_bytes, seed=seed)
+    except Exception as e:  # a harness failure: not the submission's fault, graded again
+        graded = Graded(lab.number, f"grading error: {type(e).__name__}: {e}", Status.INFRA_ERROR, lab.points,
+                        scored=False)
+    graded.duration_s = time.monotonic() - t0
+    return graded
+
+
+def _grade_one(source: Path | Module, lab: Lab, course: Course, *, label, timeout_s, sandbox, max_bytes,
+               seed) -> Graded:
+    refused = lambda status: Graded(lab.number, status, Status.STUDENT_ERROR, lab.points)
+    failed = lambda status: Graded(lab.number, status, Status.INFRA_ERROR, lab.points, scored=False)
+    with tempfile.TemporaryDirectory(prefix=f"labs-one-{lab.number}-") as tmp:
+        if isinstance(source, Module):
+            module, label = source, label or "<submission>"
+        else:
+            label = label or (f"<{source.name}>" if source.is_file() else str(source))
+            try:
+                module = take(source, lab, Path(tmp), max_bytes)
+            except archives.UnpackError as e:
+                return refused(f"unpack error: {source.name}: {e}")
+            except _impl.ImplError as e:  # none, two equally deep, a link (to a reference, a secret), a huge file
+                return refused(f"no module: {str(e).replace(tmp, label)}")
+        kwargs = {"sandbox": sandbox} if sandbox is not None else {}
+        try:
+            result = grade_module(module, lab, course, submission=label, seed=seed, timeout_s=timeout_s, **kwargs)
+        except InfraFailure as e:  # not the student's fault: no score, graded again
+            return failed(f"infra_error: {e.reason}")
+        except GradingError as e:
+            return failed(f"grading error: {str(e).splitlines()[0] if str(e) else type(e).__name__}")
+    return Graded.of(result, lab.points)
 
 
 def gpu_points(course: Course, lab: Lab) -> float:
@@ -459,7 +417,7 @@ def gpu_points(course: Course, lab: Lab) -> float:
     root = course.root
     graders = sorted(p for p in (root / "graders").rglob("*.py") if "__pycache__" not in p.parts) \
         if (root / "graders").is_dir() else []
-    if not (root / "graders" / lab.number).is_dir():
+    if not course.paths(lab).graders.is_dir():
         return course.gpu_points.get(lab.number, 0.0)
     key = hashlib.sha256((root / _manifest.MANIFEST).read_bytes())
     for p in graders:
@@ -485,7 +443,7 @@ def gpu_points(course: Course, lab: Lab) -> float:
                                + " ".join((p.stdout + p.stderr).split()[-30:]),
                                hint="`pytest graders --collect-only` shows why") from None
     for num, spec in course.labs.items():
-        tests = [t for t in raw["tests"] if f"/graders/{num}/" in "/" + t["nodeid"]]
+        tests = [t for t in raw["tests"] if f"/{LabPaths.of(spec).graders.as_posix()}/" in "/" + t["nodeid"]]
         try:
             scored = score({"tests": tests}, spec)
         except GradingError:
@@ -493,7 +451,7 @@ def gpu_points(course: Course, lab: Lab) -> float:
         points[num] = round(sum(t.max_score for t in scored if "gpu" in t.tags and not t.bonus), 1)
     try:
         cache.parent.mkdir(mode=0o700, exist_ok=True)
-        cache.write_text(json.dumps({"key": key.hexdigest(), "points": points}))
+        files.write_json(cache, {"key": key.hexdigest(), "points": points})
     except OSError:
         pass
     return points.get(lab.number, 0.0)
@@ -516,7 +474,7 @@ def _inside(argv: list[str]) -> int:
         data = {"raw": raw, "note": note}
     except (GradingError, _manifest.ManifestError, KeyError) as e:
         data = {"error": str(e).strip("'\"")}
-    write_json_atomic(out / "outcome.json", data)
+    files.write_json(out / "outcome.json", data)
     owner = os.environ.get("LABS_RESULTS_OWNER", "")
     if owner and os.geteuid() == 0:  # let a non-root host user read what root wrote
         uid, gid = (int(x) for x in owner.split(":"))

@@ -21,7 +21,7 @@ import sys
 from pathlib import Path
 from types import ModuleType
 
-from .manifest import Course, Lab
+from .manifest import Course, Lab, LabPaths
 from .errors import LabsError
 
 ALIASES = {"student": "labs", "solution": "solutions"}
@@ -58,8 +58,8 @@ def locate(root: Path, lab: Lab) -> Path:
     Raises ImplError naming ``root`` and the rule when there is none, and naming the
     files when two or more lie equally shallow (which one is the submission is the
     student's to say, never ours to guess)."""
-    root = Path(root)
-    for c in (root / "labs" / lab.number / lab.filename, root / lab.number / lab.filename, root / lab.filename):
+    root, rel = Path(root), LabPaths.of(lab)
+    for c in (LabPaths.of(lab, root).stub, rel.in_impl(root), root / lab.filename):
         if c.is_file():
             return c
     found: list[Path] = []
@@ -68,14 +68,14 @@ def locate(root: Path, lab: Lab) -> Path:
         if lab.filename in files and os.path.isfile(os.path.join(d, lab.filename)):
             found.append(Path(d) / lab.filename)
     if not found:
-        raise ImplError(f"no {lab.filename} in {root} (looked at labs/{lab.number}/{lab.filename}, "
-                        f"{lab.number}/{lab.filename}, {lab.filename} and every folder below)")
+        raise ImplError(f"no {lab.filename} in {root} (looked at {rel.stub}, {rel.in_impl('')}, "
+                        f"{lab.filename} and every folder below)")
     depth = lambda p: len(p.relative_to(root).parts)
     best = sorted(p for p in found if depth(p) == min(map(depth, found)))
     if len(best) > 1:
         raise ImplError(f"{len(best)} files named {lab.filename} equally deep in {root}: "
                         + ", ".join(p.relative_to(root).as_posix() for p in best[:5])
-                        + f"; keep one, or put yours at labs/{lab.number}/{lab.filename}")
+                        + f"; keep one, or put yours at {rel.stub}")
     return best[0]
 
 
@@ -185,9 +185,8 @@ def solved_stub(course: Course, lab: Lab) -> str | None:
     ``given`` name or method is the reference's own definition. So the reference
     itself, a stub solved by hand, and a stub with one task or one method filled in (by
     hand or with the reference's text) while the others remain are all refused."""
-    stub_path = course.root / "labs" / lab.number / lab.filename
-    ref_path = course.root / "solutions" / lab.number / lab.filename
-    rel = f"labs/{lab.number}/{lab.filename}"
+    paths = course.paths(lab)
+    stub_path, ref_path, rel = paths.stub, paths.reference, paths.relative.stub
     try:
         stub = _defs(stub_path.read_text())
         ref = _defs(ref_path.read_text()) if ref_path.is_file() else {}

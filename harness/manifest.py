@@ -7,6 +7,7 @@ this file: adding lab NN changes no harness code.
 """
 from __future__ import annotations
 
+import dataclasses
 import functools
 import os
 import re
@@ -37,8 +38,12 @@ class Limits(_Strict):
     timeout_s: int = Field(1200, gt=0, description="wall-clock limit for the whole grader run, seconds")
     test_timeout_s: int = Field(300, gt=0, description="limit for one grader test, seconds")
     call_timeout_s: float = Field(30.0, gt=0, description=(
-        "limit for one call into the sandboxed submission, seconds: a generous multiple of the reference's "
-        "slowest call plus a few seconds, so a hanging submission fails fast (two timeouts end its grading)"))
+        "wall-clock seconds one call into the sandboxed submission may wait without computing (a sleep, a "
+        "deadlock; also its import): a hanging submission fails fast, two timeouts end its grading"))
+    call_cpu_s: float = Field(60.0, gt=0, description=(
+        "CPU seconds one call may use (the worker's own CPU time, which the machine's load cannot inflate): a "
+        "generous multiple of the reference's slowest call; a call still computing past call_timeout_s goes on "
+        "until this, or six times call_timeout_s"))
     memory_mb: int = Field(8192, gt=0, description="memory limit of the grading worker, MiB")
     cpus: float = Field(2.0, gt=0)
     pids: int = Field(512, gt=0)
@@ -53,13 +58,17 @@ class Part(_Strict):
 class PerfThreshold(_Strict):
     """Partial credit for a time ratio (student / baseline, lower is better).
 
-    Full credit at or below ``full_credit``, none at or above ``zero_credit``,
-    linear in between. A wrong answer earns no performance credit at all.
+    Full credit at or below ``full_credit``, none at or above ``zero_credit``, and
+    ``bands`` equal steps in between (the credit at the middle of each band's linear
+    share): a ratio measured until its interval lies inside one band
+    (``harness.sandbox.timing.timed``) gets the same credit on a regrade, where a linear
+    rule would follow the timing noise. A wrong answer earns no performance credit at all.
     """
 
     full_credit: float = Field(gt=0)
     zero_credit: float = Field(gt=0)
     baseline: str = Field(description="what the ratio is measured against, in words")
+    bands: int = Field(4, ge=1, le=20, description="credit steps between full_credit and zero_credit")
 
     @model_validator(mode="after")
     def _ordered(self):
@@ -67,12 +76,22 @@ class PerfThreshold(_Strict):
             raise ValueError(f"zero_credit ({self.zero_credit}) must exceed full_credit ({self.full_credit})")
         return self
 
+    def edges(self) -> list[float]:
+        """The band edges: ``full_credit``, the ``bands - 1`` between, ``zero_credit``."""
+        step = (self.zero_credit - self.full_credit) / self.bands
+        return [self.full_credit + k * step for k in range(self.bands + 1)]
+
     def credit(self, ratio: float) -> float:
-        """Fraction of the test's points earned at time ratio ``ratio``."""
+        """Fraction of the test's points earned at time ratio ``ratio``: 1 up to ``full_credit``,
+        0 from ``zero_credit``, ``1 - (j - 1/2) / bands`` in band ``j`` (1-based) between."""
         if ratio != ratio or ratio <= 0:  # NaN or nonsense: no credit
             return 0.0
-        frac = (self.zero_credit - ratio) / (self.zero_credit - self.full_credit)
-        return min(1.0, max(0.0, frac))
+        if ratio <= self.full_credit:
+            return 1.0
+        if ratio >= self.zero_credit:
+            return 0.0
+        j = sum(1 for e in self.edges()[1:-1] if e < ratio) + 1
+        return 1.0 - (j - 0.5) / self.bands
 
 
 class Lab(_Strict):
@@ -136,6 +155,75 @@ class Lab(_Strict):
     @property
     def filename(self) -> str:
         return f"{self.module}.py"
+
+
+@dataclasses.dataclass(frozen=True)
+class LabPaths:
+    """Where one lab's files lie in a course tree: the one place that spells
+    ``labs/NN/<module>.py`` (nbgrader's ``CourseDirectory.format_path``). ``root`` is the
+    course root (``Course.paths(lab)``), a checkout or an unpacked submission, or
+    ``Path()`` for the paths as messages name them (``relative``)."""
+
+    root: Path
+    number: str
+    filename: str  # <module>.py
+
+    @classmethod
+    def of(cls, lab: "Lab", root: Path | str = Path()) -> "LabPaths":
+        """The paths of ``lab`` under ``root`` (default: relative to the course root)."""
+        return cls(Path(root), lab.number, lab.filename)
+
+    @property
+    def relative(self) -> "LabPaths":
+        """The same paths relative to the root (``labs/04/flash_attention.py``): for messages."""
+        return dataclasses.replace(self, root=Path())
+
+    @property
+    def folder(self) -> Path:
+        """``labs/NN/``: what students get (handout, stub, visible tests)."""
+        return self.root / "labs" / self.number
+
+    @property
+    def stub(self) -> Path:
+        """``labs/NN/<module>.py``: the stub in the course, the student's module in a checkout."""
+        return self.folder / self.filename
+
+    @property
+    def handout(self) -> Path:
+        return self.folder / "README.md"
+
+    @property
+    def reference(self) -> Path:
+        """``solutions/NN/<module>.py``."""
+        return self.root / "solutions" / self.number / self.filename
+
+    @property
+    def folders(self) -> tuple[Path, ...]:
+        """The folders the lab owns (``labs new`` makes them, all or none): ``labs/NN``,
+        ``solutions/NN``, ``graders/NN``, ``tests/mutants/NN``."""
+        return self.folder, self.root / "solutions" / self.number, self.graders, self.mutants
+
+    @property
+    def graders(self) -> Path:
+        """``graders/NN/``: the hidden graders."""
+        return self.root / "graders" / self.number
+
+    @property
+    def mutants(self) -> Path:
+        return self.root / "tests" / "mutants" / self.number
+
+    @property
+    def exploits(self) -> Path:
+        return self.root / "tests" / "exploits" / self.number
+
+    @property
+    def variants(self) -> Path:
+        return self.root / "tests" / "variants" / self.number
+
+    def in_impl(self, impl_root: Path | str) -> Path:
+        """``IMPL/NN/<module>.py``: the module in an implementation folder (``--impl PATH``,
+        a staged submission, an upload's one member)."""
+        return Path(impl_root) / self.number / self.filename
 
 
 class RateLimit(_Strict):
@@ -210,6 +298,11 @@ class Course(_Strict):
                                 hint="`labs list` shows the labs")
         return self.labs[key]
 
+    def paths(self, lab: Lab) -> LabPaths:
+        """Every path of ``lab`` in this course (stub, handout, reference, graders, mutants,
+        exploits, variants)."""
+        return LabPaths.of(lab, self.root or Path())
+
     def staff_output(self, path: Path | None, default: str, option: str) -> Path:
         """Where a staff command writes (grades, autograder zips, nbgrader courses):
         ``path``, else ``<course>/.labs-staff/<default>`` (created, mode 0700). Raises
@@ -270,11 +363,11 @@ def _check_tree(course: Course, path: Path) -> None:
     """A lab whose folder ``labs/NN/`` is in this tree must hold the module ``labs.yaml``
     names (a tree may hold only some labs: a Gradescope zip, a release with ``--lab``)."""
     for num, lab in sorted(course.labs.items()):
-        folder = course.root / "labs" / num
-        if folder.is_dir() and not (folder / lab.filename).is_file():
-            there = sorted(p.name for p in folder.glob("*.py") if not p.name.startswith("test_"))
+        paths = course.paths(lab)
+        if paths.folder.is_dir() and not paths.stub.is_file():
+            there = sorted(p.name for p in paths.folder.glob("*.py") if not p.name.startswith("test_"))
             raise ManifestError(f"{path}: invalid course manifest: labs.{num}.module: {lab.module!r} names "
-                                f"labs/{num}/{lab.filename}, which does not exist (labs/{num} holds "
+                                f"{paths.relative.stub}, which does not exist (labs/{num} holds "
                                 f"{', '.join(there) or 'no module'})",
                                 hint=f"fix `labs.{num}.module` in {path.name} or rename the file")
 

@@ -69,7 +69,7 @@ from pathlib import Path
 
 
 from . import grading, impl as _impl, manifest
-from .manifest import Course, Lab
+from .manifest import Course, Lab, LabPaths
 from .errors import LabsError
 from .gradebook import assignment_name, module_cell_id, part_cell_id, require_nbgrader  # noqa: F401
 
@@ -194,10 +194,8 @@ def lab_notebook(course: Course, lab: Lab) -> dict:
     """The source notebook (nbformat 4, as a dict) of one lab: intro, handout,
     module cell, a reload cell, then one feedback cell per part. No cell is an
     nbgrader grade cell, so ``nbgrader autograde`` computes no points from it."""
-    root = course.root
-    stub = (root / "labs" / lab.number / lab.filename).read_text()
-    reference = (root / "solutions" / lab.number / lab.filename).read_text()
-    readme = root / "labs" / lab.number / "README.md"
+    paths = course.paths(lab)
+    stub, reference, readme = paths.stub.read_text(), paths.reference.read_text(), paths.handout
     parts = "\n".join(f"- **Part {k}** ({p.points:g} points): {p.title}" for k, p in lab.parts.items())
     intro = (f"# Lab {lab.number}: {lab.title}\n\n"
              f"Write your implementation of `{lab.filename}` in the module cell below: replace each "
@@ -296,8 +294,9 @@ def export_course(course: Course, dest: Path, labs: list[Lab] | None = None) -> 
     notes = []
     chosen = []
     for lab in labs or [course.labs[k] for k in sorted(course.labs)]:
-        missing = [p for p in (f"labs/{lab.number}/{lab.filename}", f"solutions/{lab.number}/{lab.filename}",
-                               f"graders/{lab.number}") if not (course.root / p).exists()]
+        paths = course.paths(lab)
+        missing = [p.relative_to(course.root).as_posix() for p in (paths.stub, paths.reference, paths.graders)
+                   if not p.exists()]
         if missing:
             notes.append(f"lab {lab.number} left out: no {', '.join(missing)}")
             continue
@@ -314,10 +313,10 @@ def export_course(course: Course, dest: Path, labs: list[Lab] | None = None) -> 
     shutil.copyfile(course.root / "labs.yaml", hidden / "labs.yaml")
     ignore = shutil.ignore_patterns("__pycache__", "*.pyc", ".*")
     for lab in chosen:
-        shutil.copytree(course.root / "graders" / lab.number, hidden / "graders" / lab.number, ignore=ignore)
-        (hidden / "labs" / lab.number).mkdir(parents=True)
-        shutil.copyfile(course.root / "labs" / lab.number / lab.filename,
-                        hidden / "labs" / lab.number / lab.filename)
+        paths, copy = course.paths(lab), LabPaths.of(lab, hidden)
+        shutil.copytree(paths.graders, copy.graders, ignore=ignore)
+        copy.folder.mkdir(parents=True)
+        shutil.copyfile(paths.stub, copy.stub)
         nb_dir = dest / "source" / assignment_name(lab)
         nb_dir.mkdir(parents=True, exist_ok=True)
         for leaked in (dest / "release" / assignment_name(lab) / lab.filename,):  # from an export before the fix
@@ -402,8 +401,9 @@ def feedback_part(lab_number: str, part: str, filename: str, *, timeout_s: float
         with tempfile.TemporaryDirectory(prefix="labs-nbgrader-") as tmp, \
                 contextlib.redirect_stderr(io.StringIO()), warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            (Path(tmp) / lab.number).mkdir()
-            shutil.copyfile(src, Path(tmp) / lab.number / lab.filename)
+            staged = LabPaths.of(lab).in_impl(tmp)
+            staged.parent.mkdir()
+            shutil.copyfile(src, staged)
             try:
                 _cache[key] = grading.grade(tmp, lab, course, timeout_s=timeout_s, sandbox="process")
             except grading.GradingError as e:
@@ -481,6 +481,7 @@ def collect_modules(nb_root: Path, lab: Lab, out: Path) -> tuple[list[str], list
         except (OSError, ValueError, TypeError, AttributeError, RecursionError) as e:
             notes.append(f"{d.name}: {e}")
             continue
-        (dest / lab.number).mkdir()
-        (dest / lab.number / lab.filename).write_text(body, encoding="utf-8")
+        module = LabPaths.of(lab).in_impl(dest)
+        module.parent.mkdir()
+        module.write_text(body, encoding="utf-8")
     return students, notes

@@ -133,7 +133,8 @@ class _LabsState:
             sb.close()
             raise self._sandboxes[lab.number] from None
         except _sandbox.SandboxError as e:
-            raise _tagged(_impl.ImplError(str(e)), "import" if sb.import_error else None) from None
+            kind = "timeout" if sb.import_timed_out else "import" if sb.import_error else None
+            raise _tagged(_impl.ImplError(str(e)), kind) from None
         sb.begin_test()
         return _sandbox.RemoteModule(sb, sb.module_path, "labimpl_" + lab.module)
 
@@ -154,7 +155,7 @@ class _LabsState:
             stub_source=stub.read_text() if stub.is_file() and stub.resolve() != path.resolve() else None,
             api=list(lab.api), lab=lab.number, hide=[str(p) for p in hide if p.is_dir()], memory_mb=lab.limits.memory_mb,
             cpu_s=int(lab.limits.timeout_s * max(1.0, lab.limits.cpus)), nproc=lab.limits.pids,
-            call_timeout_s=timeout)
+            call_timeout_s=timeout, call_cpu_s=lab.limits.call_cpu_s)
 
     def close(self):
         from .sandbox import ranks
@@ -474,6 +475,13 @@ def pytest_runtest_makereport(item, call):
         report.user_properties.append(("labs_infra", str(call.excinfo.value)[:4000]))
     if call.excinfo is not None and isinstance(call.excinfo.value, _impl.APIMismatch):
         report.user_properties.append(("labs_impl_error", "api"))  # the class status: every test failed this way
+    exc = call.excinfo.value if call.excinfo is not None else None
+    if worker is not None and isinstance(exc, worker.NotRun):
+        report.user_properties.append(("labs_not_run", str(exc)[:1000]))
+    ranks = sys.modules.get(f"{__package__}.sandbox.ranks")
+    if (worker is not None and isinstance(exc, worker.WorkerTimeout)) or getattr(exc, "timed_out", False) \
+            or (ranks is not None and isinstance(exc, ranks.RankTimeout)):
+        report.user_properties.append(("labs_impl_error", "timeout"))  # the class status: timeout
     if call.when == "call" and report.passed and item.get_closest_marker("perf") is not None:
         _unrecorded_perf(item, report)
 
@@ -622,6 +630,8 @@ class ResultsWriter:
             field = {"labs_infra": "infra", "labs_impl_error": "impl_error"}.get(key)
             if field and t[field] is None:
                 t[field] = value
+            if key == "labs_not_run":  # the budget was spent before this test: it did not run
+                t["outcome"], t["message"] = "not run", value
         if report.when == "teardown":
             self._flush()
 

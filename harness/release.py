@@ -42,7 +42,7 @@ from pathlib import Path
 import yaml
 
 from . import grading, impl as _impl, manifest
-from .manifest import Course
+from .manifest import Course, LabPaths
 from .errors import LabsError
 
 TEMPLATES = Path(__file__).resolve().parent / "templates"
@@ -142,7 +142,7 @@ def student_manifest(course: Course, text: str, gpu: dict[str, float]) -> str:
 
 
 def student_readme(course: Course, labs: list[str], gpu: dict[str, float]) -> str:
-    rows = "\n".join(f"| {n} | {course.labs[n].title} | `labs/{n}/{course.labs[n].filename}` | "
+    rows = "\n".join(f"| {n} | {course.labs[n].title} | `{LabPaths.of(course.labs[n]).stub}` | "
                      f"{course.labs[n].points:g} | {gpu[n]:g} |" for n in labs)
     tpl = string.Template((TEMPLATES / "student-README.md").read_text())
     return tpl.substitute(course=course.name, labs=rows, first=labs[0] if labs else "01")
@@ -178,11 +178,12 @@ def check(course: Course, files: dict[str, bytes], released: list[str]) -> None:
     """Step 4: raise ReleaseError naming the first problem (see the module docstring)."""
     root = course.root
     for lab in (course.labs[n] for n in released):
-        if f"labs/{lab.number}/{lab.filename}" in files:
+        stub = LabPaths.of(lab).stub
+        if stub.as_posix() in files:
             why = _impl.solved_stub(course, lab)
             if why:
                 raise ReleaseError(f"release refused: {why}",
-                                   hint=f"restore the stub (git checkout -- labs/{lab.number}/{lab.filename}, "
+                                   hint=f"restore the stub (git checkout -- {stub}, "
                                         f"or git stash), then release again; nothing was written")
     refs = {hashlib.sha256(p.read_bytes()).hexdigest(): p.relative_to(root).as_posix()
             for p in (root / "solutions").rglob("*.py") if p.is_file() and p.stat().st_size > 200}

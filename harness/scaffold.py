@@ -42,6 +42,7 @@ import yaml
 from pydantic import ValidationError
 
 from . import manifest
+from .manifest import LabPaths
 from .errors import LabsError
 
 TEMPLATES = Path(__file__).resolve().parent / "templates" / "lab"
@@ -56,16 +57,17 @@ class ScaffoldError(LabsError):
 
 def lab_files(number: str, module: str) -> dict[str, str]:
     """Course-relative path of each file a new lab gets -> the template it comes from."""
-    return {f"labs/{number}/{module}.py": "stub.py.tmpl",
-            f"labs/{number}/README.md": "README.md.tmpl",
-            f"labs/{number}/test_{module}.py": "test_visible.py.tmpl",
-            f"solutions/{number}/{module}.py": "solution.py.tmpl",
-            f"graders/{number}/test_{module}.py": "grader.py.tmpl",
-            f"tests/mutants/{number}/{MUTANT}": "mutant.py.tmpl"}
+    paths = LabPaths(Path(), number, f"{module}.py")
+    return {paths.stub.as_posix(): "stub.py.tmpl",
+            paths.handout.as_posix(): "README.md.tmpl",
+            (paths.folder / f"test_{module}.py").as_posix(): "test_visible.py.tmpl",
+            paths.reference.as_posix(): "solution.py.tmpl",
+            (paths.graders / f"test_{module}.py").as_posix(): "grader.py.tmpl",
+            (paths.mutants / MUTANT).as_posix(): "mutant.py.tmpl"}
 
 
 def _folders(number: str) -> list[str]:
-    return [f"labs/{number}", f"solutions/{number}", f"graders/{number}", f"tests/mutants/{number}"]
+    return [p.as_posix() for p in LabPaths(Path(), number, "").folders]
 
 
 # --- step 1: check ------------------------------------------------------------------

@@ -73,7 +73,7 @@ def assert_close(actual, expected: torch.Tensor, *, atol: float, rtol: float, wh
     """Compare ``actual`` to ``expected`` (any dtypes; compared in float64).
 
     Raises AssertionError naming ``what`` and ``case``: wrong type, shape, NaN
-    or Inf where the reference is finite, and otherwise the number of elements
+    or Inf where the reference is finite, a finite value where it is NaN, and otherwise the number of elements
     outside ``atol + rtol * |expected|`` with the worst few (index, got, want).
     ``-inf``/``inf`` must match exactly where the reference has them."""
     where = f" ({case})" if case else ""
@@ -87,6 +87,11 @@ def assert_close(actual, expected: torch.Tensor, *, atol: float, rtol: float, wh
     if nan.any():
         idx = [_fmt_index(i, a.shape) for i in nan.flatten().nonzero()[:max_show, 0].tolist()]
         raise AssertionError(f"{what}{where}: NaN at {int(nan.sum())} element(s), first at {idx}")
+    missing = torch.isnan(e) & ~torch.isnan(a)  # a NaN the reference has must be there (NaN - x compares False)
+    if missing.any():
+        idx = [_fmt_index(i, a.shape) for i in missing.flatten().nonzero()[:max_show, 0].tolist()]
+        raise AssertionError(f"{what}{where}: expected NaN at {int(missing.sum())} element(s), got finite values, "
+                             f"first at {idx}")
     inf_e, inf_a = torch.isinf(e), torch.isinf(a)
     inf_bad = (inf_e | inf_a) & ~((inf_e & inf_a) & (torch.sign(a) == torch.sign(e)))
     if inf_bad.any():

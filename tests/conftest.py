@@ -28,7 +28,7 @@ labs:
       A: {title: Adding, points: 6}
       B: {title: Speed, points: 4}
     perf:
-      add_vs_torch: {baseline: torch.add, full_credit: 1.0, zero_credit: 3.0}
+      add_vs_torch: {baseline: torch.add, full_credit: 1.0, zero_credit: 3.0, bands: 1}  # one band: 0.5 credit at 2.0
 """
 TOY_STUB = '''\
 def add(x, y=1):

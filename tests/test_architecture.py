@@ -50,6 +50,20 @@ def test_import_contracts_are_kept():
     assert p.returncode == 0 and "0 broken" in p.stdout, p.stdout[-3000:] + p.stderr[-2000:]
 
 
+def test_no_import_cycle_between_harness_modules():
+    """No harness module imports one that imports it back, however indirectly (grimp's
+    graph, as lint-imports reads it; a package imports its modules, never the reverse)."""
+    import grimp
+    graph = grimp.build_graph("harness", cache_dir=None)
+    cycles = []
+    for m in sorted(x for x in graph.modules if x.startswith("harness")):
+        for imported in sorted(graph.find_modules_directly_imported_by(m)):
+            chain = (m,) if imported == m else graph.find_shortest_chain(importer=imported, imported=m)
+            if chain is not None:
+                cycles.append(" -> ".join((m, *chain)))
+    assert not cycles, "import cycles:\n" + "\n".join(cycles)
+
+
 def _grader_side_files():
     """Every hidden grader and every visible test (with their conftest.py): the toolkit's users."""
     return sorted({*(ROOT / "graders").rglob("*.py"), *(ROOT / "labs").glob("*/test_*.py"),

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from harness import classroom, impl as _impl, manifest
+from harness import archives, classroom, impl as _impl, manifest, records
 from tests.conftest import ROOT, TOY_SOLUTION, TOY_STUB, materialize_mutant
 
 
@@ -65,8 +65,8 @@ def _tar(path: Path, members: dict[str, bytes], symlinks: dict[str, str] = {}):
 ])
 def test_unpack_refuses_unsafe_or_oversized_archives(tmp_path, kind, members, links, message):
     arc = (_zip if kind == "zip" else _tar)(tmp_path / f"s.{'zip' if kind == 'zip' else 'tar.gz'}", members, links)
-    with pytest.raises(classroom.UnpackError, match=message.replace("(", r"\(").replace(".", r"\.")):
-        classroom.unpack(arc, tmp_path / "out", max_bytes=2 << 20)
+    with pytest.raises(archives.UnpackError, match=message.replace("(", r"\(").replace(".", r"\.")):
+        archives.unpack(arc, tmp_path / "out", max_bytes=2 << 20)
     assert not (tmp_path / "evil.py").exists() and not Path("/etc/evil.py").exists()
 
 
@@ -75,8 +75,8 @@ def test_unpack_corrupt_archive_is_an_unpack_error(tmp_path, data):
     (tmp_path / "s.zip").write_bytes(data)
     (tmp_path / "s.tar.gz").write_bytes(data)
     for name in ("s.zip", "s.tar.gz"):
-        with pytest.raises(classroom.UnpackError, match="not a readable archive"):
-            classroom.unpack(tmp_path / name, tmp_path / "out")
+        with pytest.raises(archives.UnpackError, match="not a readable archive"):
+            archives.unpack(tmp_path / name, tmp_path / "out")
 
 
 def test_locate_prefers_checkout_then_the_only_shallowest(toy_course, tmp_path):
@@ -121,8 +121,8 @@ def test_grades_csv_statuses_and_subtotals_come_from_records_not_messages(toy_co
                            stopped=say("stopped at the 60 s limit"))
         rows = []
         for student, r in (("ada", ok), ("bob", broken), ("cy", slow)):
-            status = classroom.status_of(r)
-            rows.append(classroom.Row(student, status, r.to_gradescope(), kind=classroom.kind_of(r, status)))
+            status = records.status_of(r)
+            rows.append(classroom.Row(student, status, r.to_gradescope(), kind=records.kind_of(r, status)))
         out = tmp_path / ("reworded.csv" if reworded else "plain.csv")
         classroom.write_csv(out, rows, lab)
         table = list(csv.DictReader(out.open()))
@@ -131,8 +131,8 @@ def test_grades_csv_statuses_and_subtotals_come_from_records_not_messages(toy_co
 
     assert results(reworded=False) == results(reworded=True)
     kinds, table = results(reworded=True)
-    assert kinds == [(classroom.Status.OK, "ok"), (classroom.Status.STUDENT_ERROR, "import error"),
-                     (classroom.Status.TIMEOUT, "timeout")]
+    assert kinds == [(records.Status.OK, "ok"), (records.Status.STUDENT_ERROR, "import error"),
+                     (records.Status.TIMEOUT, "timeout")]
     assert table == [("ada", "2", "1", "3"), ("bob", "0", "0", "0"), ("cy", "2", "0", "2")]
 
 
@@ -167,8 +167,8 @@ def _result(stopped="", outputs=("",), outcome="failed", impl_error=""):
     (_result("", [""], outcome="passed"), "ok"),
 ])
 def test_status_names_why_a_submission_did_not_grade_normally(result, status):
-    assert classroom.status_of(result).startswith(status)
-    assert classroom.one_line("a\nb  c" + "x" * 400).startswith("a b c") and len(classroom.one_line("x" * 400)) == 300
+    assert records.status_of(result).startswith(status)
+    assert records.one_line("a\nb  c" + "x" * 400).startswith("a b c") and len(records.one_line("x" * 400)) == 300
 
 
 # --- a class of the toy lab, end to end -----------------------------------------------
@@ -376,7 +376,7 @@ def test_grade_all_warns_on_an_empty_folder_and_gives_a_stray_file_a_row(toy_cou
     (tmp_path / "subs/.DS_Store").write_text("")
     run = classroom.grade_all(tmp_path / "subs", toy_lab(toy_course), manifest.load(toy_course), tmp_path / "out")
     (row,) = run.rows
-    assert row.student == "bob.py" and row.kind is classroom.Status.STUDENT_ERROR and row.results["score"] == 0
+    assert row.student == "bob.py" and row.kind is records.Status.STUDENT_ERROR and row.results["score"] == 0
     assert row.status.startswith("unrecognised submission: bob.py is neither a folder nor an archive")
     row_csv = next(csv.DictReader((tmp_path / "out/grades.csv").open()))
     assert row_csv["status"] == row.status and row_csv["part A"] == row_csv["part B"] == "0"

@@ -254,7 +254,7 @@ def test_backstop_kills_a_container_that_outlives_its_limit(client, image, tmp_p
     lab = COURSE.lab("04")
     work = tmp_path / "work"
     work.mkdir()
-    impl_root, _, _, _ = grading.stage(_submission(tmp_path, SLEEPER), lab, work)
+    impl_root = grading.stage(grading.find_module(_submission(tmp_path, SLEEPER), lab), lab, work)
     t0 = time.monotonic()
     raw, note = container.run(COURSE, lab, impl_root, work / "results.json", 7654321, timeout_s=900,
                               kill_after_s=50)

@@ -195,7 +195,7 @@ def test_results_totals_agree_gpu_tests_are_not_failed_and_leaderboard_names_are
     the same as grades.csv's and the gradebook's part subtotals); a test that needs a GPU
     this machine lacks is neutral (no status, max_score 0, its worth noted), never
     "failed"; a perf figure recorded by several cases is listed once per case."""
-    from harness import grading
+    from harness import records
     from harness.grading import GradeResult, TestResult
     third = 10 / 3
     t = lambda name, part, score, outcome="passed", perf=(): TestResult(
@@ -203,7 +203,7 @@ def test_results_totals_agree_gpu_tests_are_not_failed_and_leaderboard_names_are
     tests = [t(f"test_x[{i}]", "A", third, perf=[{"name": "speed", "ratio": 1.0 + i}]) for i in range(3)] \
         + [t("test_gpu", "B", 0.0, outcome="skipped")]
     res = GradeResult("07", "s", 1, tests, 1.0).to_gradescope()
-    assert res["score"] == round(sum(x["score"] for x in res["tests"]), 4) == sum(grading.part_scores(res).values())
+    assert res["score"] == round(sum(x["score"] for x in res["tests"]), 4) == sum(records.part_scores(res).values())
     gpu = res["tests"][-1]
     assert "status" not in gpu and gpu["max_score"] == 0 and gpu["extra_data"]["not_run_points"] == third
     assert [e["name"] for e in res["leaderboard"]] == ["speed [0]", "speed [1]", "speed [2]"]

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from harness import classroom, grading, manifest
+from harness import archives, classroom, grading, manifest, records
 from tests.conftest import TOY_SOLUTION
 from tests.test_classroom import labs_cmd
 
@@ -133,7 +133,7 @@ def test_results_kept_by_an_older_version_are_resumed_and_moved_under_students(t
     (subs / "bob").mkdir(parents=True)
     course = manifest.load(toy_course)
     lab = course.lab("07")
-    row = classroom.grade_one(classroom.Submission("bob", subs / "bob"), lab, course)
+    row = classroom.grade_row(classroom.Submission("bob", subs / "bob"), lab, course)
     (out / "bob").mkdir(parents=True)
     (out / "bob/results.json").write_text(json.dumps(row.results))  # the old layout: OUT/<student>/
     run = classroom.grade_all(subs, lab, course, out, sandbox="process")
@@ -184,14 +184,14 @@ def test_tar_header_bombs_are_refused_before_they_are_read(toy_course, tmp_path,
     assert p.returncode == 0, p.stdout + p.stderr
     assert rss_mb < MAX_RSS_MB, f"peak RSS {rss_mb:.0f} MB"
     assert rows(out)["bomb"]["status"] == (f"unpack error: bomb.tar.gz: a {what} header of {size} bytes "
-                                           f"(at most {classroom.TAR_HEADER_MAX >> 10} KiB)")
+                                           f"(at most {archives.TAR_HEADER_MAX >> 10} KiB)")
     assert classroom.results_path(out, "bomb").stat().st_size < 4096
 
 
 @pytest.mark.parametrize("typeflag, what", [(b"K", "GNU long link"), (b"g", "pax global")])
 def test_unpack_refuses_other_oversized_tar_headers(tmp_path, typeflag, what):
-    with pytest.raises(classroom.UnpackError, match=f"a {what} header of {64 << 20} bytes"):
-        classroom.unpack(header_bomb(tmp_path / "b.tar.gz", typeflag, 64 << 20), tmp_path / "out")
+    with pytest.raises(archives.UnpackError, match=f"a {what} header of {64 << 20} bytes"):
+        archives.unpack(header_bomb(tmp_path / "b.tar.gz", typeflag, 64 << 20), tmp_path / "out")
 
 
 def _pax_record(key: str, value: str) -> bytes:
@@ -221,8 +221,8 @@ def _tar_of(blocks: list[tuple[bytes, bytes, bytes]]) -> bytes:
 ])
 def test_unpack_refuses_tar_metadata_that_would_fill_the_memory(tmp_path, blocks, message):
     (tmp_path / "s.tar.gz").write_bytes(_tar_of(blocks))
-    with pytest.raises(classroom.UnpackError, match=message):
-        classroom.unpack(tmp_path / "s.tar.gz", tmp_path / "out")
+    with pytest.raises(archives.UnpackError, match=message):
+        archives.unpack(tmp_path / "s.tar.gz", tmp_path / "out")
 
 
 @pytest.mark.parametrize("fmt", [tarfile.GNU_FORMAT, tarfile.PAX_FORMAT])
@@ -236,7 +236,7 @@ def test_unpack_keeps_ordinary_long_names_and_a_git_archive_header(tmp_path, fmt
             info.size = len(TOY_SOLUTION)
             tf.addfile(info, io.BytesIO(TOY_SOLUTION.encode()))
     (tmp_path / "s.tar.gz").write_bytes(buf.getvalue())
-    root = classroom.unpack(tmp_path / "s.tar.gz", tmp_path / "out")
+    root = archives.unpack(tmp_path / "s.tar.gz", tmp_path / "out")
     assert (root / deep).read_text() == (root / "labs/07/toy.py").read_text() == TOY_SOLUTION
     assert (root / "naïve é.txt").is_file()
 
@@ -245,22 +245,22 @@ def test_unpack_errors_quote_at_most_a_few_hundred_characters(toy_course, tmp_pa
     name = "a" * 60_000  # under the header cap, but no file system takes it
     (tmp_path / "s.tar.gz").write_bytes(_tar_of([(b"././@LongLink", b"L", name.encode() + b"\0"),
                                                  (b"x", b"0", b"")]))
-    with pytest.raises(classroom.UnpackError) as e:
-        classroom.unpack(tmp_path / "s.tar.gz", tmp_path / "out")
+    with pytest.raises(archives.UnpackError) as e:
+        archives.unpack(tmp_path / "s.tar.gz", tmp_path / "out")
     assert "not a readable archive (OSError" in str(e.value) and len(str(e.value)) < 300
     (tmp_path / "t.tar.gz").write_bytes(_tar_of([(b"././@LongLink", b"L", b"../" * 20_000 + b"\0"), (b"x", b"0", b"")]))
     course = manifest.load(toy_course)
-    row = classroom.grade_one(classroom.Submission("t", tmp_path / "t.tar.gz"), course.lab("07"), course)
+    row = classroom.grade_row(classroom.Submission("t", tmp_path / "t.tar.gz"), course.lab("07"), course)
     assert row.status.startswith("unpack error: t.tar.gz: path traversal '../../")
-    assert len(row.status) <= classroom.STATUS_MAX and len(json.dumps(row.results)) < 4096
+    assert len(row.status) <= records.STATUS_MAX and len(json.dumps(row.results)) < 4096
 
 
 def test_unpack_refuses_a_zip_whose_directory_is_too_large(tmp_path):
     with zipfile.ZipFile(tmp_path / "s.zip", "w") as zf:  # 80 names of 60,000 bytes: 4.8 MB of directory
         for i in range(80):
             zf.writestr(f"{i:02d}" + "n" * 60_000, b"")
-    with pytest.raises(classroom.UnpackError, match=r"a zip directory of \d+ bytes \(at most 4 MiB\)"):
-        classroom.unpack(tmp_path / "s.zip", tmp_path / "out")
+    with pytest.raises(archives.UnpackError, match=r"a zip directory of \d+ bytes \(at most 4 MiB\)"):
+        archives.unpack(tmp_path / "s.zip", tmp_path / "out")
 
 
 # --- 4. an oversized module -------------------------------------------------------------------

@@ -4,12 +4,12 @@ failing, and every mutant in tests/mutants/NN fails at least one grader test (a 
 ``SELECT``, a pytest ``-k`` expression, names the test(s) that kill it: only those run).
 Visible tests: the stub fails them with NotImplementedError, the reference passes."""
 import ast
+import os
 import subprocess
-import sys
 
 import pytest
 
-from harness import grading
+from harness import forkserver, grading
 
 from .conftest import ROOT, course, materialize_mutant
 
@@ -22,8 +22,12 @@ VARIANTS = [pytest.param(n, p, id=f"{n}-{p.stem}")
 
 
 def pytest_run(*args, timeout=1800):
-    return subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", *args], cwd=ROOT,
-                          capture_output=True, text=True, timeout=timeout)
+    """``python -m pytest args`` in the course root, forked from this process's warm grader
+    (``harness.forkserver``: no torch import per run)."""
+    code, out, timed_out = forkserver.run(["-p", "no:cacheprovider", *args], cwd=ROOT, env=dict(os.environ),
+                                          timeout=timeout)
+    assert not timed_out, f"pytest {' '.join(args)} ran past {timeout} s:\n{out[-2000:]}"
+    return subprocess.CompletedProcess(args, code, out, "")
 
 
 @pytest.mark.parametrize("number", LABS)

@@ -41,11 +41,15 @@ def test_invalid_manifest_names_file_and_key(tmp_path, bad, message):
     assert message in str(e.value)
 
 
-def test_perf_threshold_credit_is_linear_and_clamped():
-    t = PerfThreshold(baseline="b", full_credit=1.5, zero_credit=4.0)
+def test_perf_threshold_credit_comes_in_bands_and_is_clamped():
+    t = PerfThreshold(baseline="b", full_credit=1.5, zero_credit=4.0)  # 4 bands: edges 2.125, 2.75, 3.375
+    assert t.edges() == pytest.approx([1.5, 2.125, 2.75, 3.375, 4.0])
     assert t.credit(1.0) == 1.0 and t.credit(1.5) == 1.0
-    assert t.credit(2.75) == pytest.approx(0.5)
+    assert t.credit(1.6) == t.credit(2.1) == pytest.approx(0.875)  # one credit across a band: noise inside it is free
+    assert t.credit(2.75) == pytest.approx(0.625) and t.credit(2.76) == pytest.approx(0.375)
+    assert t.credit(3.9) == pytest.approx(0.125)
     assert t.credit(4.0) == 0.0 and t.credit(10) == 0.0
+    assert PerfThreshold(baseline="b", full_credit=1.0, zero_credit=2.0, bands=2).credit(1.25) == pytest.approx(0.75)
     assert t.credit(float("nan")) == 0.0
     with pytest.raises(ValueError, match="zero_credit"):
         PerfThreshold(baseline="b", full_credit=2, zero_credit=1)

@@ -267,13 +267,21 @@ def tar_of(*members: tuple[str, bytes | None, str | None]) -> bytes:
 
 
 def outcome(score: float = 8.5, ratio: float | None = 1.0, duration_s: float = 4.0) -> dict:
-    """A runner's outcome as a grading would send it (results.json in ``results``)."""
-    tests = [{"name": "A: test_adds", "score": score, "max_score": 8.5, "status": "passed",
-              "extra_data": {"part": "A"}}]
-    return {"kind": "ok", "status": "ok", "duration_s": duration_s, "host": {"host": "test"}, "gpu_model": "cpu",
-            "results": {"score": score, "tests": tests, "leaderboard": [] if ratio is None else
-                        [{"name": "add_vs_torch", "value": ratio, "order": "asc"}],
-                        "extra_data": {"max_score": 10.0, "max_score_runnable": 8.5}}}
+    """A runner's outcome as a grading would send it: the typed record, as JSON."""
+    from harness.records import GradeResult, Graded, TestResult
+    test = TestResult(name="test_adds", nodeid="graders/07/test_toy.py::test_adds", part="A", max_score=8.5,
+                      score=score, outcome="passed" if score == 8.5 else "failed",
+                      perf=[] if ratio is None else [{"name": "add_vs_torch", "ratio": ratio}])
+    record = Graded.of(GradeResult("07", "", 1, [test], duration_s), lab_points=10.0, duration_s=duration_s)
+    return {"record": record.to_json(), "host": {"host": "test"}, "gpu_model": "cpu"}
+
+
+def record(**kw):
+    """``outcome(**kw)`` as ``service.complete`` takes it."""
+    from harness.records import Graded
+    from harness.server import service
+    got = outcome(**kw)
+    return service.Outcome(Graded.from_json(got["record"]), got["host"], got["gpu_model"])
 
 
 # --- auth --------------------------------------------------------------------------------------
@@ -615,6 +623,49 @@ def test_concurrent_reapers_count_one_attempt_and_one_reports_it(server):
         assert {(j.state, j.attempts) for j in s.query(Job)} == {("queued", 1)}
 
 
+def test_one_job_loop_completes_a_record_and_fails_an_infrastructure_failure(monkeypatch):
+    """``jobs.work``, the frame the embedded dispatcher and a pool worker both run: a
+    record is completed with where it was graded, under a lease renewed while it grades
+    (a renewal refused: the lease was lost, the record is sent anyway); an
+    infrastructure failure is failed with why, never completed."""
+    from harness.errors import InfraFailure
+    from harness.records import GradeResult, Graded
+    from harness.server import jobs
+
+    class Fake:  # the server's side of the jobs, as the database or the runner API answers
+        def __init__(self, lease_s):
+            self.lease_s, self.calls = lease_s, []
+
+        def renew(self, job_id):
+            self.calls.append(("renew", job_id))
+            return False
+
+        def complete(self, job_id, outcome):
+            self.calls.append(("complete", job_id, outcome.record.status, outcome.gpu_model))
+            return True
+
+        def fail(self, job_id, reason):
+            self.calls.append(("fail", job_id, reason))
+            return "queued"
+
+    graded = Graded.of(GradeResult("07", "", 1, [], 0.0), lab_points=10.0)
+    monkeypatch.setattr(jobs, "grade_job", lambda *a, **kw: (time.sleep(0.2), graded)[1])
+    job = jobs.Claimed(7, "07", b"x = 1\n")
+    fake = Fake(lease_s=0.04)
+    done = jobs.work(fake, job, None, {"gpu_model": "h100"})
+    assert done.graded is graded and done.stored is True and done.lease_lost
+    assert fake.calls[0] == ("renew", 7) and fake.calls[-1] == ("complete", 7, "ok", "h100")
+
+    def broken(*a, **kw):
+        raise InfraFailure("the sandbox could not start")
+
+    monkeypatch.setattr(jobs, "grade_job", broken)
+    fake = Fake(lease_s=3600)
+    done = jobs.work(fake, job, None, {"gpu_model": "cpu"})
+    assert done.graded is None and done.state == "queued" and "the sandbox could not start" in done.failure
+    assert fake.calls == [("fail", 7, done.failure)]
+
+
 def test_complete_twice_stores_one_result(server):
     from harness.server import service
     from harness.server.db import Job, Result
@@ -624,9 +675,9 @@ def test_complete_twice_stores_one_result(server):
     now = srv.clock()
     with srv.sessions() as s:
         service.claim(s, "r1", now, job_id=job_id)
-        assert service.complete(s, job_id, "r1", outcome(), now + 1, srv.course) is True
-        assert service.complete(s, job_id, "r1", outcome(score=0.0), now + 2, srv.course) is False
-        assert service.complete(s, job_id, "r2", outcome(score=0.0), now + 2, srv.course) is False
+        assert service.complete(s, job_id, "r1", record(), now + 1, srv.course) is True
+        assert service.complete(s, job_id, "r1", record(score=0.0), now + 2, srv.course) is False
+        assert service.complete(s, job_id, "r2", record(score=0.0), now + 2, srv.course) is False
         res = s.query(Result).one()
         assert res.score == 8.5 and res.runner == "r1" and s.get(Job, job_id).state == "done"
     # over HTTP: the runner API is idempotent too
@@ -655,7 +706,7 @@ def test_concurrent_completes_of_one_job_store_one_result(server):
     def deliver(job_id, barrier, k):
         with srv.sessions() as s:
             barrier.wait()
-            return service.complete(s, job_id, "r1", outcome(score=float(k)), now + 1, srv.course)
+            return service.complete(s, job_id, "r1", record(score=float(k)), now + 1, srv.course)
 
     for j in jobs:
         barrier = threading.Barrier(4)
@@ -674,7 +725,7 @@ def test_interactive_jobs_go_before_regrades_with_position_and_eta(server):
     now = srv.clock()
     with srv.sessions() as s:
         service.claim(s, "r1", now, job_id=first)
-        service.complete(s, first, "r1", outcome(duration_s=4.0), now + 4, srv.course)
+        service.complete(s, first, "r1", record(duration_s=4.0), now + 4, srv.course)
     srv.clock.advance(10)
     r = srv.client.post("/api/staff/regrade", data={"lab": "07"}, headers=srv.h("ta"))
     assert r.status_code == 200 and len(r.json()["jobs"]) == 1
@@ -699,7 +750,7 @@ def test_staff_marking_a_run_invalid_needs_a_reason(server):
     job_id, _ = _queued(srv, "alice", 1)
     with srv.sessions() as s:
         service.claim(s, "r1", srv.clock(), job_id=job_id)
-        service.complete(s, job_id, "r1", outcome(), srv.clock(), srv.course)
+        service.complete(s, job_id, "r1", record(), srv.clock(), srv.course)
     r = srv.client.post("/api/staff/results/1/invalid", json={"reason": "  "}, headers=srv.h("ta"))
     assert r.status_code == 422 and r.json()["detail"] == "a reason is required to mark a run invalid"
     r = srv.client.post("/api/staff/results/999/invalid", json={"reason": "x"}, headers=srv.h("ta"))
@@ -714,7 +765,7 @@ def test_hidden_tests_are_shown_to_students_only_as_the_policy_says(server):
     job_id, sub_id = _queued(srv, "alice", 1)
     with srv.sessions() as s:
         service.claim(s, "r1", srv.clock(), job_id=job_id)
-        service.complete(s, job_id, "r1", outcome(), srv.clock(), srv.course)
+        service.complete(s, job_id, "r1", record(), srv.clock(), srv.course)
     cases = [("after_deadline", now + timedelta(days=1), False), ("after_deadline", now - timedelta(hours=1), True),
              ("after_deadline", None, False), ("always", now + timedelta(days=1), True),
              ("never", now - timedelta(days=30), False)]
@@ -730,7 +781,7 @@ def test_hidden_tests_are_shown_to_students_only_as_the_policy_says(server):
 # --- end to end: real grading of toy submissions -------------------------------------------
 
 def test_graded_end_to_end_scores_leaderboard_invalid_runs_and_hidden_tests(server):
-    from harness.server import runner
+    from harness.server import runner, service
     from harness.server.db import Result
 
     deadline = datetime.now(timezone.utc) + timedelta(days=1)
@@ -790,7 +841,7 @@ def test_graded_end_to_end_scores_leaderboard_invalid_runs_and_hidden_tests(serv
     assert late["late_days"] == 1 and late["result"]["late_days"] == 1
     with srv.sessions() as s:
         stored = s.query(Result).filter(Result.submission_id == subs["alice-late"]).one()
-        extra = json.loads(stored.data)["extra_data"]
+        extra = service.results_json(srv.course, stored)["extra_data"]  # the record's export
     assert extra["late_factor"] == 0.75 and 6 < extra["raw_score"] < 10
     assert stored.score == late["result"]["score"] == round(extra["raw_score"] * 0.75, 4)
     assert "tests" in late["result"]  # after the deadline the hidden tests are shown

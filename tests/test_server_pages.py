@@ -34,6 +34,7 @@ import uvicorn  # noqa: E402
 from sqlalchemy import select  # noqa: E402
 
 from harness import grading, manifest  # noqa: E402
+from harness.records import Graded  # noqa: E402
 from harness.server import app as server_app, db, runner, service  # noqa: E402
 from tests.conftest import TOY_GRADER, TOY_SOLUTION, TOY_STUB, TOY_YAML  # noqa: E402
 from tests.test_progress import CHROMIUM_FLAGS, chromium  # noqa: E402
@@ -181,12 +182,14 @@ def self_contained(text: str) -> None:
     assert set(re.findall(r"https?://[^\s\"'<>]+", text)) <= NAMESPACES, re.findall(r"https?://[^\s\"'<>]+", text)
 
 
-def variant(outcome: dict, *, ratio: float, score: float, gpu: str) -> dict:
+def variant(outcome: service.Outcome, *, ratio: float, score: float, gpu: str) -> service.Outcome:
     """A copy of a real graded outcome with another perf ratio, score and GPU model."""
     out = copy.deepcopy(outcome)
-    out["results"]["leaderboard"] = [dict(e, value=ratio) for e in out["results"]["leaderboard"]]
-    out["results"]["score"] = score
-    out["gpu_model"] = gpu
+    tests = out.record.result.tests
+    for t in tests:
+        t.perf, t.score = [dict(p, ratio=ratio) for p in t.perf], 0.0
+    tests[0].score = score
+    out.gpu_model = gpu
     return out
 
 
@@ -252,8 +255,7 @@ def world(tmp_path_factory):
     with Sessions() as s:
         res = s.scalar(select(db.Result))
         assert res is not None and res.kind == "ok" and res.perf_ratio == 2.0, res and res.status
-        real = {"kind": res.kind, "status": res.status, "results": json.loads(res.data), "duration_s": res.duration_s,
-                "host": json.loads(res.host), "gpu_model": res.gpu_model}
+        real = service.Outcome(Graded.from_json(json.loads(res.data)), json.loads(res.host), res.gpu_model)
         w.results["alice-real"] = res.id
     w.real = real
 
@@ -362,7 +364,7 @@ def test_student_page_lists_only_own_submissions_with_state_score_and_queue(worl
 
 def test_submission_page_hides_hidden_tests_from_students_not_staff(world, browser):
     sub = world.subs["alice"][0]  # the one graded for real
-    hidden = [t["name"] for t in world.real["results"]["tests"]]
+    hidden = [t["name"] for t in world.real.record.to_gradescope()["tests"]]
     assert hidden and all(":" in n for n in hidden)
     _, page = world.save("alice", f"/submissions/{sub}")
     dom = browser.dom(page.as_uri())

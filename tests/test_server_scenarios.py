@@ -474,19 +474,20 @@ def test_grade_task_retries_infrastructure_failures_twice_and_never_a_students_r
     an infrastructure failure is POSTed and retried at most twice, after which the
     server marks the job failed; a wrong answer is one result, final; a second
     delivery of a done job, or of one held by a live lease, stores nothing."""
-    from harness.server import pool, runner
+    from harness.errors import InfraFailure
+    from harness.server import jobs, pool
 
     sc = plain_server
     monkeypatch.setattr(pool, "SETTINGS", {"server": sc.base, "token": sc.runner_token, "course": str(sc.course.root),
                                            "lease_s": LEASE_S, "sandbox": "process"})
     monkeypatch.setattr(pool._Host, "pid", None)
-    real, calls = runner.grade_job, []
+    real, calls = jobs.grade_job, []
 
     def broken(*a, **kw):
         calls.append(a[1])
-        raise runner.InfraError("the sandbox could not start")
+        raise InfraFailure("the sandbox could not start")
 
-    monkeypatch.setattr(runner, "grade_job", broken)
+    monkeypatch.setattr(jobs, "grade_job", broken)
     job = _submit(sc, 0, 0, TOY_SOLUTION)
     assert "infrastructure failure, job failed" in pool.grade.apply(args=[job]).get()
     assert len(calls) == 3  # the first attempt and 2 retries
@@ -494,7 +495,7 @@ def test_grade_task_retries_infrastructure_failures_twice_and_never_a_students_r
         j = s.get(db.Job, job)
         assert (j.state, j.attempts, j.result) == ("failed", 3, None) and "sandbox could not start" in j.error
 
-    monkeypatch.setattr(runner, "grade_job", lambda *a, **kw: (calls.append(a[1]), real(*a, **kw))[1])
+    monkeypatch.setattr(jobs, "grade_job", lambda *a, **kw: (calls.append(a[1]), real(*a, **kw))[1])
     calls.clear()
     job = _submit(sc, 1, 0, WRONG)
     assert pool.grade.apply(args=[job]).get() == f"job {job}: stored"

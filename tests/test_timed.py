@@ -208,3 +208,38 @@ def test_a_candidate_too_slow_to_time_fails_without_a_timeout(honest):
         # a 0.3 s limit over 15 calls leaves each 0.3 / 45 s = 6.7 ms: slow_attention (~5 ms idle) can pass it
         timed(honest.slower_attention, SDPA, pool, warmup_inputs=_pool(3, seed=1), timeout=0.3)
     assert honest.noop(3) == 3  # the worker is still the same, healthy one
+
+
+BANDED = textwrap.dedent('''
+    def base(a, b):
+        return a @ b
+
+    def slower(a, b):
+        """The same product and 9/20 of it again: measured about 1.37 x base, a tenth above a band edge."""
+        out = a @ b
+        (a[: a.shape[0] * 9 // 20] @ b).sum()
+        return out
+''')
+
+
+def test_a_ratio_near_a_band_edge_gets_the_same_credit_on_every_regrade(tmp_path):
+    """Issue "Graders that charge one deviation once" 14: perf credit in bands, the ratio
+    measured until its interval lies inside one (median of interleaved pairs, more rounds
+    while it straddles an edge): 10 regrades of one submission near an edge, one credit."""
+    from harness.manifest import PerfThreshold
+    threshold = PerfThreshold(baseline="base", full_credit=1.0, zero_credit=2.0)  # edges 1.25, 1.5, 1.75
+    sb, impl = _sandbox(tmp_path, BANDED, "banded")
+    try:
+        g = torch.Generator().manual_seed(0)
+        pool = [(torch.randn(384, 384, generator=g), torch.randn(384, 384, generator=g)) for _ in range(10)]
+        warm = [(torch.randn(384, 384, generator=g), torch.randn(384, 384, generator=g)) for _ in range(3)]
+        impl.slower(*pool[0]), impl.base(*pool[0])  # as a grading's earlier tests would: the worker is warm
+        credits, ratios = [], []
+        for _ in range(10):
+            t = timed(impl.slower, impl.base, pool, warmup_inputs=warm, edges=threshold.edges())
+            assert t.interval[0] <= t.ratio <= t.interval[1] and t.figures["pairs"] >= 10
+            credits.append(threshold.credit(t.ratio))
+            ratios.append(round(t.ratio, 3))
+        assert len(set(credits)) == 1, f"credits {credits} from ratios {ratios}"
+    finally:
+        sb.close()

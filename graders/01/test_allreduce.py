@@ -79,6 +79,16 @@ def oracle(views, op):
     return s / len(views) if op == "avg" else s
 
 
+def avg_hint(got, want, W, atol, rtol) -> str:
+    """For a wrong op="avg" result: the message's opening when it is the sum (or the sum / W**2)."""
+    if not isinstance(got, torch.Tensor) or got.shape != want.shape or W == 1:
+        return ""
+    for factor, bug in ((W, "the sum over the ranks, never divided by W"), (1 / W, "the sum divided by W twice")):
+        if torch.allclose(got.double(), want * factor, atol=atol * W, rtol=rtol):
+            return f"op='avg' is {bug} (divide the reduced sum by W exactly once): "
+    return ""
+
+
 def check_comm(reports, *, bound_bytes=None, what="", case=""):
     """No collective on any rank, and (if given) each rank sent at most ``bound_bytes``."""
     for r, rep in enumerate(reports):
@@ -141,16 +151,54 @@ def body_all_reduce(rk, seed, cases):
     return out
 
 
-def body_errors(rk, calls):
-    out = []
-    for fn, kwargs, n, dtype in calls:
-        _, t = make_input(0, rk.rank, (n,), dtype)
+def body_refusals(rk, seed, cases):
+    """Per case, the valid neighbour first, then the refused call (same function, same size):
+    [(("ok", its value) or ("raised", what), name of what the refused call raised or "no error")].
+    A refusal earns nothing unless the valid call works (check_refusals)."""
+    W, out = rk.world_size, []
+    for fn, n, (ok_dtype, ok_op), (bad_dtype, bad_op) in cases:
         try:
-            getattr(rk.impl, fn)(t, **kwargs)
-            out.append("no error")
+            c = rk.call(getattr(rk.impl, fn), rs_input(seed, rk.rank, W, n, ok_dtype, periodic=True), op=ok_op,
+                        forbid_collectives=DATA_COLLECTIVES)
+            valid = ("ok", c.args[0] if fn == "ring_all_reduce" else c.out)
+        except Exception as e:  # noqa: BLE001 - reported by check_refusals
+            if type(e).__module__.startswith("harness."):
+                raise
+            valid = ("raised", f"{type(e).__name__}: {str(e)[:200]}")
+        try:
+            getattr(rk.impl, fn)(rs_input(seed, rk.rank, W, n, bad_dtype, periodic=True), op=bad_op)
+            out.append((valid, "no error"))
         except Exception as e:  # noqa: BLE001 - the type is what we grade
-            out.append(type(e).__name__)
+            if type(e).__module__.startswith("harness."):
+                raise
+            out.append((valid, type(e).__name__))
     return out
+
+
+def check_refusals(res, seed, W, cases):
+    """Each case (fn, N, (dtype, op) of the valid neighbour, (dtype, op) refused): the valid call's
+    value against the oracle on every rank, then the refused call's error type. Inputs are
+    periodic (W | N), so which chunk a rank returns cannot matter here."""
+    for i, (fn, n, (ok_dtype, ok_op), (bad_dtype, bad_op)) in enumerate(cases):
+        want = oracle([rs_input(seed, r, W, n, ok_dtype, periodic=True) for r in range(W)], ok_op)
+        c = ceil_div(n, W)
+        atol, rtol = tolerance(DT[ok_dtype], "cpu") if DT[ok_dtype].is_floating_point else (0, 0)
+        for r in range(W):
+            (status, got), _ = res[r][i]
+            call = f"{fn}(<{n} x {ok_dtype}>, op={ok_op!r}), W={W}, rank {r}"
+            if status != "ok":
+                raise AssertionError(f"the valid neighbour of a refused call raised ({call}): {got}; a refusal "
+                                     "counts only when the same function works on the valid call")
+            assert_close(got.reshape(-1)[:c] if fn == "ring_reduce_scatter" else got.reshape(-1),
+                         want[r * c:(r + 1) * c] if fn == "ring_reduce_scatter" else want, atol=atol, rtol=rtol,
+                         case=call, what="the valid neighbour of a refused call is wrong (a refusal counts only "
+                                         "when the same function works on the valid call)")
+        want_exc = "TypeError" if bad_op == "avg" else "ValueError"
+        why = "'avg' on an integer dtype" if bad_op == "avg" else f"{bad_op!r} is not one of 'sum', 'avg', 'max'"
+        for r in range(W):
+            got_exc = res[r][i][1]
+            assert got_exc == want_exc, (f"{fn}(<{n} x {bad_dtype}>, op={bad_op!r}) must raise {want_exc} ({why}; "
+                                         f"W={W}, rank {r}): got {got_exc}")
 
 
 def body_rounding(rk, seed, n, dtype):
@@ -223,6 +271,44 @@ def rounding_inputs(seed, W, n, dtype):
     return out
 
 
+# ----------------------------------------------------------------------------- NaN under "max"
+
+NAN_N = 18  # W | N for W = 2, 3: no padding, and every chunk holds NaNs (the inputs are periodic)
+
+
+def nan_input(seed, rank, W, n, dtype, holder):
+    """Rank ``rank``'s periodic input (rs_input); on rank ``holder`` only, every 4th element of each
+    chunk (from an offset drawn from the seed) is NaN, so each chunk's NaNs come from one rank."""
+    x = rs_input(seed, rank, W, n, dtype, periodic=True).clone()
+    if rank == holder:
+        x.view(W, n // W)[:, seed % 4::4] = float("nan")
+    return x
+
+
+def body_max_with_nan(rk, seed, fn, cases):
+    out = []
+    for n, dtype, holder in cases:
+        x = nan_input(seed, rk.rank, rk.world_size, n, dtype, holder)
+        c = rk.call(getattr(rk.impl, fn), x, op="max", forbid_collectives=DATA_COLLECTIVES)
+        out.append(c.args[0] if fn == "ring_all_reduce" else c.out)
+    return out
+
+
+def check_max_with_nan(got, want, case):
+    """``got`` against the NaN-propagating maximum ``want``: first every NaN kept, then the rest."""
+    if isinstance(got, torch.Tensor) and got.shape == want.shape:
+        dropped = (torch.isnan(want) & ~torch.isnan(got.double())).nonzero().flatten()
+        if dropped.numel():
+            i = int(dropped[0])
+            raise AssertionError(f"max dropped a NaN ({case}): 'max' propagates NaN like torch.maximum, an element "
+                                 f"that is NaN on any rank is NaN on every rank; {dropped.numel()} of "
+                                 f"{int(torch.isnan(want).sum())} such elements are not NaN (element {i}: got "
+                                 f"{got[i].item()!r}). Reduce with torch.maximum, not a comparison (a > b ? a : b "
+                                 "keeps b when a is NaN) or torch.fmax")
+    assert_close(got, want, atol=0, rtol=0, equal_nan=True, case=case,
+                 what="max with a NaN on one rank is wrong (NaN where some rank holds NaN, the maximum elsewhere)")
+
+
 # ============================================================================ Part A: reduce-scatter
 
 def chunk_held(got, want, r, c, n, W):
@@ -234,6 +320,21 @@ def chunk_held(got, want, r, c, n, W):
     if not (isinstance(got, torch.Tensor) and got.shape == (c,)) or n <= r * c or holds(r):
         return None  # another failure, or rank r's chunk holds no data (all unspecified), or it is right
     return next((j for j in range(W) if j != r and holds(j)), None)
+
+
+def partial_sum_ranks(got, parts):
+    """The proper subset of ranks whose ``parts`` (this chunk of each rank's input) sum to ``got``,
+    or None: a ring that loses partial sums returns such a sum."""
+    if not isinstance(got, torch.Tensor) or got.dim() != 1 or not got.numel():
+        return None
+    W = len(parts)
+    if got.shape != parts[0].shape:
+        return None
+    for mask in range(1, 2 ** W - 1):
+        ranks = [q for q in range(W) if mask >> q & 1]
+        if torch.allclose(got.double(), sum(parts[q].double() for q in ranks), atol=1e-5, rtol=1e-5):
+            return ranks
+    return None
 
 
 @pytest.mark.part("A")
@@ -266,8 +367,17 @@ def test_reduce_scatter_returns_reduced_chunk_of_rank(W, impl, seed):
                 raise AssertionError(f"reduce-scatter must return a 1-D tensor of ceil(N/W) elements ({case}): "
                                      f"got {getattr(got, 'shape', type(got).__name__)}")
             valid = max(0, min(c, n - r * c))  # entries past N are unspecified
-            assert_close(got[:valid], want[r * c:r * c + valid], atol=1e-5, rtol=1e-5,
-                         what="wrong reduction (rank r must hold chunk r, summed over all ranks)", case=case)
+            try:
+                assert_close(got[:valid], want[r * c:r * c + valid], atol=1e-5, rtol=1e-5,
+                             what="wrong reduction (rank r must hold chunk r, summed over all ranks)", case=case)
+            except AssertionError as e:
+                ranks = partial_sum_ranks(got[:valid], [make_input(seed, q, (n,), dtype)[1][r * c:r * c + valid]
+                                                        for q in range(W)])
+                if ranks is None:
+                    raise
+                raise AssertionError(f"partial sums lost on the ring ({case}): rank {r}'s chunk holds the sum over "
+                                     f"ranks {ranks} only, not all {W}; at step s reduce the chunk arriving from the "
+                                     f"left into chunk (rank-s-2) mod W, the one sent on at step s+1. {e}") from None
             check_comm([res[r][i]["comm"]], case=case)
 
 
@@ -335,8 +445,27 @@ def test_reduce_scatter_max_avg_and_dtypes(W, impl, seed):
             case = f"W={W}, N={n}, {dtype}, op={op!r}, rank {r}"
             if got.dtype != DT[dtype]:
                 raise AssertionError(f"reduce-scatter must return the input's dtype ({case}): got {got.dtype}")
+            hint = avg_hint(got[:valid], want[r * c:r * c + valid], W, atol, rtol) if op == "avg" else ""
             assert_close(got[:valid], want[r * c:r * c + valid], atol=atol, rtol=rtol,
-                         what=f"reduce-scatter with op={op!r} is wrong", case=case)
+                         what=f"{hint}reduce-scatter with op={op!r} is wrong", case=case)
+
+
+@pytest.mark.part("A")
+@pytest.mark.parametrize("W", [2, 3], ids=lambda w: f"W{w}")
+def test_reduce_scatter_max_propagates_nan(W, impl, seed):
+    """A NaN on each rank in turn (ml-explore/mlx#4072: a max that drops a NaN one rank holds)."""
+    cases = [(NAN_N, dtype, holder) for holder in range(W) for dtype in ("fp32", "bf16")]
+    res = run_ranks(body_max_with_nan, W, seed, "ring_reduce_scatter", cases, impl=impl, timeout=SMALL_T)
+    c = NAN_N // W
+    for i, (n, dtype, holder) in enumerate(cases):
+        want = oracle([nan_input(seed, r, W, n, dtype, holder) for r in range(W)], "max")
+        for r in range(W):
+            got = res[r][i]
+            if not isinstance(got, torch.Tensor) or got.shape != (c,):
+                raise AssertionError(f"reduce-scatter must return a 1-D tensor of ceil(N/W) elements (W={W}, N={n}): "
+                                     f"got {getattr(got, 'shape', type(got).__name__)}")
+            check_max_with_nan(got, want[r * c:(r + 1) * c],
+                               f"W={W}, N={n}, {dtype}, op='max', NaNs on rank {holder} only, rank {r}")
 
 
 @pytest.mark.part("A")
@@ -363,13 +492,12 @@ def test_reduce_scatter_leaves_input_unchanged_and_is_bandwidth_optimal(impl, se
 
 
 @pytest.mark.part("A")
-def test_reduce_scatter_rejects_bad_op_and_avg_on_integers(impl):
-    calls = [("ring_reduce_scatter", {"op": "mean"}, 6, "fp32"),
-             ("ring_reduce_scatter", {"op": "avg"}, 6, "int32")]
-    res = run_ranks(body_errors, 2, calls, impl=impl, timeout=SMALL_T)
-    for r in range(2):
-        assert res[r][0] == "ValueError", f"op='mean' must raise ValueError (rank {r}): got {res[r][0]}"
-        assert res[r][1] == "TypeError", f"op='avg' on int32 must raise TypeError (rank {r}): got {res[r][1]}"
+def test_reduce_scatter_rejects_bad_op_and_avg_on_integers(impl, seed):
+    """Each refused call after its valid neighbour (the same call with op="sum")."""
+    cases = [("ring_reduce_scatter", 6, ("fp32", "sum"), ("fp32", "mean")),
+             ("ring_reduce_scatter", 6, ("int32", "sum"), ("int32", "avg"))]
+    res = run_ranks(body_refusals, 2, seed, cases, impl=impl, timeout=SMALL_T)
+    check_refusals(res, seed, 2, cases)
 
 
 # ============================================================================ Part B: all-gather
@@ -413,20 +541,32 @@ def test_all_gather_is_bandwidth_optimal(impl, seed):
                    case=f"W={W}, numel={numel}, {dtype}")
 
 
-def body_all_gather_bad(rk, numel, length):
+def body_all_gather_bad(rk, seed, numel, length):
+    """The valid neighbour first (this rank's chunk of the right length), then a chunk of ``length``."""
+    [valid] = body_all_gather(rk, seed, [(numel, "fp32")])
     try:
         rk.impl.ring_all_gather(torch.zeros(length), numel)
-        return "no error"
+        return valid["got"], "no error"
     except Exception as e:  # noqa: BLE001
-        return type(e).__name__
+        if type(e).__module__.startswith("harness."):
+            raise
+        return valid["got"], type(e).__name__
 
 
 @pytest.mark.part("B")
-def test_all_gather_rejects_chunk_of_wrong_length(impl):
-    res = run_ranks(body_all_gather_bad, 3, 10, 3, impl=impl, timeout=SMALL_T)  # needs ceil(10/3) = 4
-    for r, got in enumerate(res):
-        assert got == "ValueError", (f"a chunk of 3 elements for numel=10, W=3 (needs 4) must raise ValueError "
-                                     f"(rank {r}): got {got}")
+def test_all_gather_rejects_chunk_of_wrong_length(impl, seed):
+    """numel=10 on W=3 needs chunks of ceil(10/3) = 4: the call with the right chunks must work,
+    then a chunk of 3 must raise ValueError."""
+    W, numel = 3, 10
+    res = run_ranks(body_all_gather_bad, W, seed, numel, 3, impl=impl, timeout=SMALL_T)
+    full, _ = make_input(seed, 0, (W * ceil_div(numel, W),), "fp32")
+    for r, (got, _) in enumerate(res):
+        assert_close(got, full[:numel], atol=0, rtol=0, case=f"W={W}, numel={numel}, chunks of 4, rank {r}",
+                     what="the valid neighbour of a refused call is wrong (a refusal counts only when the same "
+                          "function works on the valid call)")
+    for r, (_, exc) in enumerate(res):
+        assert exc == "ValueError", (f"a chunk of 3 elements for numel={numel}, W={W} (needs 4) must raise "
+                                     f"ValueError (rank {r}): got {exc}")
 
 
 # ============================================================================ Part C: all-reduce
@@ -449,7 +589,8 @@ def _check_all_reduce(res, seed, W, cases, what="all-reduce result is wrong"):
             if not res[r][i]["same"]:
                 raise AssertionError(f"ring_all_reduce must work in place and return the tensor it was given ({case})")
             got = got_base.as_strided(view0.shape, view0.stride(), view0.storage_offset())
-            assert_close(got.reshape(-1), want, atol=atol, rtol=rtol, what=what, case=case)
+            hint = avg_hint(got.reshape(-1), want, W, atol, rtol) if op == "avg" else ""
+            assert_close(got.reshape(-1), want, atol=atol, rtol=rtol, what=hint + what, case=case)
             outside = got_base.reshape(-1)[~mask]
             if outside.numel() and not bool((outside == -7).all()):
                 raise AssertionError(f"wrote outside the view ({case}): elements of the storage that the view does "
@@ -507,14 +648,26 @@ def test_all_reduce_avg_and_max(W, impl, seed):
 
 
 @pytest.mark.part("C")
-def test_all_reduce_rejects_bad_op_and_avg_on_integers(impl):
-    calls = [("ring_all_reduce", {"op": "min"}, 5, "fp32"), ("ring_all_reduce", {"op": "avg"}, 5, "int64"),
-             ("ring_all_reduce", {"op": "SUM"}, 5, "int32")]
-    res = run_ranks(body_errors, 2, calls, impl=impl, timeout=SMALL_T)
-    for r in range(2):
-        assert res[r][0] == "ValueError", f"op='min' must raise ValueError (rank {r}): got {res[r][0]}"
-        assert res[r][1] == "TypeError", f"op='avg' on int64 must raise TypeError (rank {r}): got {res[r][1]}"
-        assert res[r][2] == "ValueError", f"op='SUM' (ops are lower-case) must raise ValueError: got {res[r][2]}"
+@pytest.mark.parametrize("W", [2, 3], ids=lambda w: f"W{w}")
+def test_all_reduce_max_propagates_nan(W, impl, seed):
+    """A NaN on each rank in turn (ml-explore/mlx#4072: a max that drops a NaN one rank holds)."""
+    cases = [(NAN_N, dtype, holder) for holder in range(W) for dtype in ("fp32", "bf16")]
+    res = run_ranks(body_max_with_nan, W, seed, "ring_all_reduce", cases, impl=impl, timeout=SMALL_T)
+    for i, (n, dtype, holder) in enumerate(cases):
+        want = oracle([nan_input(seed, r, W, n, dtype, holder) for r in range(W)], "max")
+        for r in range(W):
+            check_max_with_nan(res[r][i], want, f"W={W}, N={n}, {dtype}, op='max', NaNs on rank {holder} only, "
+                                                f"rank {r}")
+
+
+@pytest.mark.part("C")
+def test_all_reduce_rejects_bad_op_and_avg_on_integers(impl, seed):
+    """Each refused call after its valid neighbour (the same call with op="sum")."""
+    cases = [("ring_all_reduce", 6, ("fp32", "sum"), ("fp32", "min")),
+             ("ring_all_reduce", 6, ("int64", "sum"), ("int64", "avg")),
+             ("ring_all_reduce", 6, ("int32", "sum"), ("int32", "SUM"))]
+    res = run_ranks(body_refusals, 2, seed, cases, impl=impl, timeout=SMALL_T)
+    check_refusals(res, seed, 2, cases)
 
 
 @pytest.mark.part("C")

@@ -10,9 +10,10 @@ A part's tests pass or fail on that part alone: only Part B's tests set
 max_grad_norm or read grad_norm, and only the per-group test gives a param group
 options of its own. Gradients are multiples of 2**-8, so their average is exact in
 any summation order. Adam is nearly scale invariant at the default eps: a missing
-/ W shows where eps is large (test_gradients_are_averaged_not_summed, the
-per-group test) and in grad_norm (Part B). A failure is replayed with the bug
-classes in SUSPECTS and names the one it matches.
+/ W shows where eps is large (test_gradients_are_averaged_not_summed) and in
+grad_norm. A failure is replayed with the bug classes in SUSPECTS: the test that
+grades that bug names it; any other test passes a result that is exactly that
+bug's replay, so a deviation costs the points of its own test, once.
 """
 from __future__ import annotations
 
@@ -95,15 +96,40 @@ def body_train(rk, seed, groups, steps, kwargs, none, world_group=None, memory=F
     return result
 
 
-def reference(seed, groups, steps, kwargs, none, W, rank_of=lambda r: r, summed=False, count="param"):
+class EpsInsideAdamW(torch.optim.Optimizer):
+    """torch.optim.AdamW's update with eps inside the square root, p -= lr * m_hat /
+    sqrt(v_hat + eps): the eps-placement suspect's replay (float32, as the lab computes)."""
+
+    def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=1e-2):
+        super().__init__(params, dict(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay))
+
+    @torch.no_grad()
+    def step(self):
+        for g in self.param_groups:
+            lr, (b1, b2), eps, wd = g["lr"], g["betas"], g["eps"], g["weight_decay"]
+            for p in (p for p in g["params"] if p.grad is not None):
+                st = self.state[p]
+                if not st:
+                    st.update(step=0, m=torch.zeros_like(p), v=torch.zeros_like(p))
+                st["step"] += 1
+                t = st["step"]
+                p.mul_(1 - lr * wd)
+                st["m"].lerp_(p.grad, 1 - b1)
+                st["v"].mul_(b2).addcmul_(p.grad, p.grad, value=1 - b2)
+                p.addcdiv_(st["m"], (st["v"] / (1 - b2 ** t)).add_(eps).sqrt_(), value=-lr / (1 - b1 ** t))
+
+
+def reference(seed, groups, steps, kwargs, none, W, rank_of=lambda r: r, summed=False, count="param",
+              eps_inside=False):
     """Single-process torch.optim.AdamW on the averaged gradients: params and grad norms per step.
     A suspect's replay (SUSPECTS): ``summed`` feeds the sum over the ranks, not the average;
-    ``count="optimizer"`` corrects every parameter's bias with the optimizer's step count."""
+    ``count="optimizer"`` corrects every parameter's bias with the optimizer's step count;
+    ``eps_inside`` adds eps inside the square root (EpsInsideAdamW)."""
     params = [[p.clone().requires_grad_(True) for p in ps] for ps in make_params(seed, groups)]
     pg = [{"params": ps, **opts} for ps, (_, opts) in zip(params, groups)]
     kw = dict(kwargs)
     max_norm = kw.pop("max_grad_norm", None)
-    opt = torch.optim.AdamW(pg, **kw)
+    opt = (EpsInsideAdamW if eps_inside else torch.optim.AdamW)(pg, **kw)
     out = []
     for step in range(steps):
         for gi, ps in enumerate(params):
@@ -130,12 +156,18 @@ def reference(seed, groups, steps, kwargs, none, W, rank_of=lambda r: r, summed=
     return out
 
 
-# Bug classes a failing case is replayed with: (what the message says, reference() options).
+# Bug classes a failing case is replayed with: (name, what the message says, reference() options).
+# The test that grades a bug passes its name to run_case (``grades``) and names it; every other
+# test passes a result that is exactly that bug's replay (the bug is not its property).
 STEP_COUNT = ("bias correction step counted per optimizer or per group, not per parameter: a parameter with no "
               "gradient on any rank in a step must not advance its own step count")
+EPS_INSIDE = ("eps is added inside the square root: AdamW divides by sqrt(v_hat) + eps, not sqrt(v_hat + eps) "
+              "(v_hat = v / (1 - beta2^t))")
+SUMMED = "gradient is W× the average: it is summed over the ranks, never divided by W"
 SUSPECTS = (
-    ("gradient is W× the average: it is summed over the ranks, never divided by W", {"summed": True}),
-    (STEP_COUNT, {"count": "optimizer"}),
+    ("summed", SUMMED, {"summed": True}),
+    ("step count", STEP_COUNT, {"count": "optimizer"}),
+    ("eps placement", EPS_INSIDE, {"eps_inside": True}),
 )
 
 
@@ -182,37 +214,41 @@ def check_training(res, ref, *, what, case, check_norm=False, ranks=None, last_o
                                   "summed over every shard", case=c)
 
 
-def check_case(res, replay, **kw):
-    """check_training against ``replay()`` (the right AdamW); a failure that matches the replay of
-    a suspect (SUSPECTS) instead is reported under that bug's name."""
+def check_case(res, replay, grades=(), **kw):
+    """check_training against ``replay()`` (the right AdamW). A result that matches the replay of
+    a suspect (SUSPECTS) instead fails under that bug's name where the test grades it (its name
+    in ``grades``), and passes elsewhere: that bug costs the points of its own test only."""
     try:
         check_training(res, replay(), **kw)
     except AssertionError as e:
-        for label, opts in SUSPECTS:
+        for name, label, opts in SUSPECTS:
             try:
                 check_training(res, replay(**opts), **kw)
             except AssertionError:
                 continue
+            if name not in grades:
+                return  # exactly that bug, graded by its own test
             raise AssertionError(f"{label} ({kw['case']}: the result matches torch.optim.AdamW replayed with that "
                                  f"bug). {e}") from None
         raise
 
 
-def run_case(W, impl, seed, groups, *, steps=3, kwargs=None, none=None, subgroups=None, what, case,
-             check_norm=False):
+def run_case(W, impl, seed, groups, *, steps=3, kwargs=None, none=None, subgroups=None, graded=None, what, case,
+             check_norm=False, grades=()):
     """The scenario on W ranks (``subgroups``: the world split into these groups, each its own
-    ``group``), checked against the AdamW replay of each group."""
+    ``group``; ``graded``: the groups checked, default all), checked against the AdamW replay of
+    each group. ``grades``: the SUSPECTS this test grades (check_case)."""
     kwargs, none = kwargs or {}, none or {}
     try:
         res = run_ranks(body_train, W, seed, groups, steps, kwargs, none, world_group=subgroups, norm=check_norm,
                         impl=impl, timeout=T)
-    except (RankError, RankTimeout) as e:  # a rank raised or hung: name the case it ran
-        raise type(e)(f"{case}: {e}") from None
-    for members in subgroups or [list(range(W))]:
+    except (RankError, RankTimeout) as e:  # a rank raised or hung: name the property and the case it ran
+        raise type(e)(f"{what} ({case}): {e}") from None
+    for members in graded or subgroups or [list(range(W))]:
         replay = functools.partial(reference, seed, groups, steps, kwargs, none, len(members),
                                    rank_of=lambda r, m=members: m[r])
-        check_case(res, replay, what=what, case=case if subgroups is None else f"{case}, ranks {members}",
-                   check_norm=check_norm, ranks=members)
+        check_case(res, replay, grades=grades, what=what,
+                   case=case if subgroups is None else f"{case}, ranks {members}", check_norm=check_norm, ranks=members)
     return res
 
 
@@ -239,7 +275,21 @@ def test_gradients_are_averaged_not_summed(W, impl, seed):
     groups = [([(6, 3), (7,)], {})]
     run_case(W, impl, seed, groups, kwargs={"lr": 1e-2, "eps": 0.1},
              what="parameters differ from torch.optim.AdamW fed the gradients averaged over the ranks (sum / W: "
-                  "at eps=0.1 the step size depends on the gradient's scale)", case=f"W={W}, N=25, eps=0.1")
+                  "at eps=0.1 the step size depends on the gradient's scale)", case=f"W={W}, N=25, eps=0.1",
+             grades=("summed",))
+
+
+@pytest.mark.part("A")
+@pytest.mark.parametrize("W", [1, 3], ids=lambda w: f"W{w}")
+def test_eps_is_added_after_the_square_root(W, impl, seed):
+    """eps=0.05 next to sqrt(v_hat) of order 1/sqrt(W): where eps sits in AdamW's denominator,
+    sqrt(v_hat) + eps (torch.optim.AdamW) or sqrt(v_hat + eps), shows. One group, W | N (no
+    padding), weight_decay=0, every gradient present: nothing else of the step can matter (a
+    result that is exactly the summed gradients' replay passes here: the averaging test grades it)."""
+    groups = [([(3, 5), (6,)], {})]  # N = 21
+    run_case(W, impl, seed, groups, kwargs={"lr": 2e-2, "eps": 0.05, "weight_decay": 0.0}, grades=("eps placement",),
+             what="parameters differ from torch.optim.AdamW at a large eps (p -= lr * m_hat / (sqrt(v_hat) + eps), "
+                  "v_hat = v / (1 - beta2^t): eps is added after the square root)", case=f"W={W}, N=21, eps=0.05")
 
 
 PADDED = {  # id: (W, groups), N not a multiple of W; c = ceil(N/W), rank r owns min(c, N - r*c) elements
@@ -305,7 +355,7 @@ def test_bias_correction_counts_steps_per_parameter(W, skipped, impl, seed):
              none={(0, 1): ("steps", skipped)},
              what="wrong parameters after steps in which a parameter had no gradient on any rank (its bias correction "
                   "uses its own step count, as torch.optim.AdamW's state['step'])",
-             case=f"W={W}, param 1's grad None on every rank in step(s) {[s + 1 for s in skipped]}")
+             case=f"W={W}, param 1's grad None on every rank in step(s) {[s + 1 for s in skipped]}", grades=("step count",))
 
 
 def _close(got, want) -> bool:
@@ -313,11 +363,13 @@ def _close(got, want) -> bool:
     return bool(((got - want).abs() <= ATOL + RTOL * want.abs()).all())
 
 
-def adam_first_update(g, lr, betas, eps, t):
+def adam_first_update(g, lr, betas, eps, t, eps_inside=False):
     """The update of a parameter's first AdamW step (weight_decay=0, zero moments) with gradient ``g``,
-    bias-corrected as step ``t``: -lr * m_hat / (sqrt(v_hat) + eps); at t=1, -lr * g / (|g| + eps)."""
+    bias-corrected as step ``t``: -lr * m_hat / (sqrt(v_hat) + eps); at t=1, -lr * g / (|g| + eps).
+    ``eps_inside``: the eps-placement suspect's -lr * m_hat / sqrt(v_hat + eps)."""
     (b1, b2), g = betas, g.double()
-    return -lr * ((1 - b1) * g / (1 - b1 ** t)) / (((1 - b2) * g * g / (1 - b2 ** t)).sqrt() + eps)
+    v_hat = (1 - b2) * g * g / (1 - b2 ** t)
+    return -lr * ((1 - b1) * g / (1 - b1 ** t)) / ((v_hat + eps).sqrt() if eps_inside else v_hat.sqrt() + eps)
 
 
 @pytest.mark.part("A")
@@ -352,8 +404,8 @@ def test_first_update_of_a_late_parameter_is_adams_first_step(impl, seed):
                     f"in step {first + 1}, rank {r}")
             got = after.double() - before.double()
             want = adam_first_update(g, lr, betas, eps, 1)
-            if _close(got, want):
-                continue
+            if _close(got, want) or _close(got, adam_first_update(g, lr, betas, eps, 1, eps_inside=True)):
+                continue  # right, or eps inside the root at t=1: test_eps_is_added_after_the_square_root grades that
             ts = [t for t in range(2, steps + 1) if _close(got, adam_first_update(g, lr, betas, eps, t))]
             if ts:
                 raise AssertionError(f"{STEP_COUNT} ({case}: its first update was bias-corrected as step t={ts[0]}, "
@@ -391,17 +443,21 @@ def test_clips_by_global_norm_across_shards(W, impl, seed):
     groups = [([(6, 4), (9,)], {}), ([(5,)], {})]
     run_case(W, impl, seed, groups, kwargs={"lr": 1e-2, "max_grad_norm": 0.5}, check_norm=True,
              what="clipping does not match clip_grad_norm_ on the averaged gradient (the norm is global: "
-                  "sqrt of the sum of every shard's squares, not a local, averaged or max norm)",
+                  "the sqrt of the sum of every shard's squares, not a local, averaged or max norm)",
              case=f"W={W}, N={_n(groups)}, max_grad_norm=0.5")
 
 
 @pytest.mark.part("B")
 @pytest.mark.points(2)
 def test_grad_norm_and_clipping_honour_group(impl, seed):
+    """Where the squares are summed, graded on group [0, 1], whose ranks within the group are its
+    world ranks: ownership by world rank (test_group_is_honoured grades it) cannot matter there,
+    while a norm over the world or another group shows. Group [2, 3] runs beside it, unchecked."""
     run_case(4, impl, seed, [([(5, 3), (4,)], {})], steps=2, kwargs={"lr": 1e-2, "max_grad_norm": 0.5},
-             subgroups=[[0, 2], [1, 3]], check_norm=True,
-             what="group not honoured by clipping: the norm sums the squares over the ranks of `group` only "
-                  "(all_reduce(..., group=group))", case="world 4, groups [[0, 2], [1, 3]], max_grad_norm=0.5")
+             subgroups=[[0, 1], [2, 3]], graded=[[0, 1]], check_norm=True,
+             what="group not honoured by clipping: the norm is the sqrt of the sum of every shard's squares over "
+                  "the ranks of `group` only (all_reduce(..., group=group))",
+             case="world 4, groups [[0, 1], [2, 3]], max_grad_norm=0.5")
 
 
 @pytest.mark.part("B")
@@ -415,22 +471,27 @@ def test_no_clipping_below_max_norm(W, impl, seed):
 
 @pytest.mark.part("B")
 def test_clips_only_the_steps_above_max_norm(impl, seed):
-    """max_grad_norm between the steps' norms: two of the four steps are clipped, two are not."""
-    W, groups, steps = 2, [([(6, 4), (9,)], {})], 4
+    """max_grad_norm between the steps' norms: two of the four steps are clipped, two are not. W=1,
+    where a rank's shard is the whole gradient: whether the norm sums every shard's squares (the
+    global-norm test grades it) cannot change which steps are clipped here."""
+    W, groups, steps = 1, [([(6, 4), (9,)], {})], 4
     norms = sorted(float(s["grad_norm"]) for s in reference(seed, groups, steps, {}, {}, W))
     max_norm = (norms[1] + norms[2]) / 2
     run_case(W, impl, seed, groups, steps=steps, kwargs={"lr": 5e-2, "max_grad_norm": max_norm},
              what="only the steps whose global norm exceeds max_grad_norm may be clipped (the clip coefficient "
                   "min(1, max_grad_norm / (norm + 1e-6)) is clamped to 1: never scale gradients up)",
-             case=f"W=2, max_grad_norm={max_norm:.4g}, the steps' norms {', '.join(f'{n:.4g}' for n in norms)}")
+             case=f"W=1, max_grad_norm={max_norm:.4g}, the steps' norms {', '.join(f'{n:.4g}' for n in norms)}")
 
 
 @pytest.mark.part("B")
-@pytest.mark.parametrize("W", [2, 3], ids=lambda w: f"W{w}")
-def test_grad_norm_is_set_without_clipping(W, impl, seed):
+@pytest.mark.points(2)
+def test_grad_norm_is_set_without_clipping(impl, seed):
+    """W=1, where a rank's shard is the whole gradient: whether the squares are summed over the
+    ranks (the global-norm and group tests grade that) cannot matter here."""
     groups = [([(8,), (3, 3)], {})]
-    run_case(W, impl, seed, groups, kwargs={"lr": 1e-2}, check_norm=True,
-             what="wrong parameters with max_grad_norm=None (no clipping)", case=f"W={W}, max_grad_norm=None")
+    run_case(1, impl, seed, groups, kwargs={"lr": 1e-2}, check_norm=True,
+             what="with max_grad_norm=None: no clipping, and grad_norm still set to the gradient's 2-norm",
+             case="W=1, max_grad_norm=None")
 
 
 # ============================================================================ Part C: memory

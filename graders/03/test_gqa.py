@@ -100,6 +100,24 @@ def _tiled_hint(out, q, k, v, is_causal=False, scale=None, atol=1e-5, rtol=1e-5)
     return _tiled_message(Hq, Hkv) + "; " if bool(((a - t).abs() <= atol + rtol * t.abs()).all()) else ""
 
 
+def _scale_hint(out, q, k, v, is_causal, scale, atol, rtol):
+    """The scale bug's message (and '; ') when ``out`` is attention under another scale, else ''."""
+    D = q.shape[-1]
+    if type(out) is not torch.Tensor or tuple(out.shape) != tuple(q.shape):
+        return ""
+    if scale is None:
+        wrong = [("1/D", 1.0 / D), ("1 (no scaling)", 1.0), ("sqrt(D)", math.sqrt(D))]
+        why = "the default scale (scale=None) must be 1/sqrt(D)"
+    else:
+        wrong = [("1/sqrt(D) (the scale argument ignored)", 1.0 / math.sqrt(D))]
+        why = f"scale={scale} must be used as given"
+    for label, s in wrong:
+        ref, _ = attention(q, k, v, is_causal=is_causal, scale=s)
+        if torch.allclose(out.detach().double(), ref, atol=atol, rtol=rtol):
+            return f"the scores look scaled by {label}: {why} (D={D}); "
+    return ""
+
+
 @pytest.mark.part("A")
 @pytest.mark.points(3)
 @pytest.mark.parametrize("case", VALUE_CASES, ids=_vid)
@@ -112,9 +130,9 @@ def test_output_matches_float64_oracle(impl, gen, case):
         f"wrong output dtype: got {getattr(out, 'dtype', type(out))}, the contract returns q's dtype {dtype}"
     atol, rtol = tolerance(dtype, "cpu")
     tiled = _tiled_hint(out, q, k, v, causal, scale, atol, rtol)
-    what = (tiled + "attention output differs from the float64 oracle" if tiled else _head_hint(
-        out, ref, Hq, Hkv, atol, rtol) + "attention output differs from the float64 oracle (check the scale, the "
-        "softmax axis, the causal mask)")
+    what = (tiled + "attention output differs from the float64 oracle" if tiled else _scale_hint(
+        out, q, k, v, causal, scale, atol, rtol) + _head_hint(out, ref, Hq, Hkv, atol, rtol) + "attention output "
+        "differs from the float64 oracle (check the scale, the softmax axis, the causal mask)")
     assert_close(out, ref, atol=atol, rtol=rtol, what=what, case=_vid(case))
 
 
@@ -153,9 +171,33 @@ def test_mqa_and_mha_are_ordinary_cases(impl, gen, kind, causal):
                  case=call_id(B=B, Hq=Hq, Hkv=Hkv, Lq=Lq, Lk=Lk, D=D) + ("-causal" if causal else ""))
 
 
+def _works(fn, *args, call, **kwargs):
+    """``fn(*args, **kwargs)``, the valid neighbour of a refused call: an error it raises fails the
+    test (a refusal counts only when the same entry point works on valid arguments)."""
+    try:
+        return fn(*args, **kwargs)
+    except Exception as e:
+        if type(e).__module__.startswith("harness."):
+            raise
+        raise AssertionError(f"the valid neighbour of a refused call raised {type(e).__name__}: {str(e)[:200]} "
+                             f"({call}); a refusal counts only when the same call with valid arguments works") from None
+
+
+def _valid_gqa_neighbour(impl, gen, B, Hq, Hkv, Lq, Lk, D):
+    """The refused call's valid neighbour, checked against the oracle (every KV head holds the same
+    K/V: the head mapping, graded in its own test, cannot matter)."""
+    q, k, v = _qkv(gen, B, Hq, Hkv, Lq, Lk, D, same_kv_heads=True)
+    call = call_id(B=B, Hq=Hq, Hkv=Hkv, Lq=Lq, Lk=Lk, D=D)
+    ref, _ = attention(q, k, v)
+    checked(_works(impl.grouped_query_attention, q, k, v, call=call), ref, atol=1e-5, rtol=1e-5, case=call,
+            what="the valid neighbour of a refused call differs from the float64 oracle", prop="the refusal")
+
+
 @pytest.mark.part("A")
 @pytest.mark.parametrize("Hq,Hkv", [(6, 4), (3, 2), (4, 3)], ids=lambda x: str(x))
 def test_non_divisible_head_counts_raise_value_error(impl, gen, Hq, Hkv):
+    ok = max(d for d in range(1, Hkv) if Hq % d == 0)  # the neighbour: Hkv lowered to a divisor of Hq
+    _valid_gqa_neighbour(impl, gen, 1, Hq, ok, 3, 5, 8)
     q, k, v = _qkv(gen, 1, Hq, Hkv, 3, 5, 8)
     expect_raises(ValueError, f"Hq={Hq}, Hkv={Hkv} (Hq % Hkv != 0: query heads cannot be grouped)",
                   impl.grouped_query_attention, q, k, v)
@@ -163,20 +205,23 @@ def test_non_divisible_head_counts_raise_value_error(impl, gen, Hq, Hkv):
 
 @pytest.mark.part("A")
 def test_empty_keys_raise_value_error(impl, gen):
+    _valid_gqa_neighbour(impl, gen, 1, 4, 2, 3, 1, 8)  # Lk=1: the fewest keys allowed
     q, k, v = _qkv(gen, 1, 4, 2, 3, 0, 8)
     expect_raises(ValueError, "Lk=0 (no keys; the contract needs Lk >= 1)", impl.grouped_query_attention, q, k, v)
 
 
 @pytest.mark.part("A")
 def test_mixed_dtypes_raise_type_error(impl, gen):
+    _valid_gqa_neighbour(impl, gen, 1, 4, 2, 3, 5, 8)  # all float32
     q, k, v = _qkv(gen, 1, 4, 2, 3, 5, 8)
     expect_raises(TypeError, "q float32, k float64, v float32 (q, k, v must share a dtype)",
                   impl.grouped_query_attention, q, k.to(torch.float64), v)
 
 
-def _first_mask_error(out, ref, Lq, Lk):
-    """Describe the first query row whose output differs, in mask terms."""
+def _first_mask_error(out, ref, Lq, Lk, first=0):
+    """Describe the first query row (from ``first`` on) whose output differs, in mask terms."""
     bad = ((out.double() - ref).abs() > 1e-4).any(-1).any(0).any(0)   # (Lq,)
+    bad[:first] = False
     i = int(bad.nonzero()[0, 0])
     return (f"Lq={Lq}, Lk={Lk}: query {i} is wrong; bottom-right alignment lets it see keys "
             f"0..{i + Lk - Lq} (top-left would be 0..{i})" if i + Lk - Lq >= 0 else
@@ -193,9 +238,10 @@ def _top_left(q, k, v):
     return torch.softmax(s.masked_fill(j > i, float("-inf")), -1) @ v
 
 
-def _looks_top_left(out, q, k, v):
+def _looks_top_left(out, q, k, v, first=0):
+    """Whether ``out`` (its query rows from ``first`` on) is what a top-left aligned mask computes."""
     return type(out) is torch.Tensor and out.shape == q.shape and \
-        torch.allclose(out.double(), _top_left(q, k, v), atol=1e-5, rtol=1e-5)
+        torch.allclose(out.double()[:, :, first:], _top_left(q, k, v)[:, :, first:], atol=1e-5, rtol=1e-5)
 
 
 def _top_left_message(Lq, Lk):
@@ -210,19 +256,25 @@ def _top_left_message(Lq, Lk):
 @pytest.mark.parametrize("Lq,Lk", [(3, 8), (1, 13), (6, 17), (9, 4), (12, 5)],
                          ids=lambda x: str(x))
 def test_causal_mask_is_bottom_right_aligned(impl, gen, Lq, Lk):
+    """Graded on the queries that see at least one key (i >= Lq - Lk): the rows that see none
+    (Lq > Lk) are test_fully_masked_rows_give_zeros_not_nan's, and the alignment shows on the rest."""
     # MQA (Hkv = 1, all 4 query heads in one group): which KV head a query head reads cannot matter
     q, k, v = _qkv(gen, 1, 4, 1, Lq, Lk, 8)
     out = impl.grouped_query_attention(q, k, v, is_causal=True)
     ref, _ = attention(q, k, v, is_causal=True)
+    first = max(0, Lq - Lk)   # the first query that sees a key
+    shaped = type(out) is torch.Tensor and tuple(out.shape) == tuple(ref.shape)
     try:
-        assert_close(out, ref, atol=1e-5, rtol=1e-5, what="causal output differs", case=f"Lq={Lq}, Lk={Lk}")
+        assert_close(out[:, :, first:] if shaped else out, ref[:, :, first:] if shaped else ref, atol=1e-5,
+                     rtol=1e-5, what=f"causal output differs (queries {first}..{Lq - 1}, those that see a key)",
+                     case=f"Lq={Lq}, Lk={Lk}")
     except AssertionError as e:
-        if torch.isnan(out).any():
+        if not shaped or torch.isnan(out[:, :, first:]).any():
             raise
-        if _looks_top_left(out, q, k, v):
+        if _looks_top_left(out, q, k, v, first):
             raise AssertionError(_top_left_message(Lq, Lk)) from None
         raise AssertionError(f"causal mask looks wrong (the contract is bottom-right aligned: query i sees "
-                             f"key j iff j <= i + Lk - Lq): {_first_mask_error(out, ref, Lq, Lk)}; {e}") from None
+                             f"key j iff j <= i + Lk - Lq): {_first_mask_error(out, ref, Lq, Lk, first)}; {e}") from None
 
 
 @pytest.mark.part("A")
@@ -404,9 +456,19 @@ def test_projection_shapes_follow_head_counts(impl, gen, case):
         assert (lin.bias is not None) == bias, f"{name}: bias={lin.bias is not None}, expected bias={bias}"
 
 
+# (refused, its valid neighbour: the one offending argument made valid)
+INVALID_MODULES = [((32, 4, 3), (32, 4, 4)), ((30, 4, 2), (32, 4, 2)), ((32, 0, 1), (32, 1, 1)), ((32, 4, 0), (32, 4, 1))]
+
+
 @pytest.mark.part("B")
-@pytest.mark.parametrize("args", [(32, 4, 3), (30, 4, 2), (32, 0, 1), (32, 4, 0)], ids=lambda a: "d{}-H{}-Hkv{}".format(*a))
-def test_invalid_module_head_counts_raise_value_error(impl, args):
+@pytest.mark.parametrize("args, valid", INVALID_MODULES, ids=["d{}-H{}-Hkv{}".format(*a) for a, _ in INVALID_MODULES])
+def test_invalid_module_head_counts_raise_value_error(impl, gen, args, valid):
+    d, H, Hkv = valid
+    call = f"GroupedQueryAttention(d_model={d}, n_heads={H}, n_kv_heads={Hkv})"
+    m = _works(_module, impl, gen, d, H, Hkv, False, call=call)
+    x = randn((2, 6, d), gen)
+    _module_check(impl, m, x, H, Hkv, False, f"{_mid((d, H, Hkv, False))}-B2-L6, the valid neighbour of a refused "
+                  "call")(_works(m, x, call=f"{call} on x of shape (2, 6, {d})"))
     d, H, Hkv = args
     expect_raises(ValueError, f"GroupedQueryAttention(d_model={d}, n_heads={H}, n_kv_heads={Hkv}) (head counts >= 1, "
                  "n_heads % n_kv_heads == 0, d_model % n_heads == 0)", impl.GroupedQueryAttention, *args)

@@ -10,6 +10,9 @@ requires a real kernel: at least one Triton launch, no attention math in PyTorch
 ``fa.checked_kernel(...)`` is the call a rule test grades (right in float32 or float16).
 ``fa.check_deterministic(...)`` compares two calls on equal inputs made in two
 processes (``harness.sandbox.restart`` between them), so no memo survives.
+``fa.check_refusal(...)`` grades a bad-argument error next to the right answer of its valid
+neighbour (through ``kernel_call`` for Part B); ``fa.check_layout(...)`` says when a wrong
+result on strided views is right on contiguous copies.
 """
 from __future__ import annotations
 
@@ -82,8 +85,53 @@ def _diagnose_out(out, q, k, v, is_causal, scale, atol, rtol) -> str | None:
         rows = out[:, :, : Lq - Lk]
         if rows.ne(0).any():
             return (f"fully masked rows are not zeros: with Lq={Lq} > Lk={Lk} causal, queries 0..{Lq - Lk - 1} "
-                    f"see no key and must output exact zeros")
+                    f"see no key and must output exact zeros (a finite \"minus infinity\" such as -1e4 makes such "
+                    f"a row average the values)")
+    for tile in TILES:  # the submission's tile sizes are its own: try the usual ones
+        for bug, wrong in _tiled_bugs(q, k, v, is_causal, s, tile):
+            if _close(out, wrong, atol, rtol):
+                return bug
     return None
+
+
+TILES = (16, 32, 64, 128)
+
+
+def _tiled_bugs(q, k, v, is_causal, scale, tile):
+    """``(bug class, out)`` of known bugs of a blocked online softmax with ``tile`` keys (or
+    queries) per block, in float64, where they change the output: the accumulator not rescaled
+    by ``alpha`` (``l`` is); the padded keys of a ragged last key block left unmasked (score 0,
+    value 0: Triton's ``other=0.0``); a causal loop bound that stops one block early, before the
+    diagonal (query block ``i // tile`` sees keys ``< (i // tile) * tile + Lk - Lq``)."""
+    q, k, v = (t.detach().to("cpu", torch.float64) for t in (q, k, v))
+    Lq, Lk = q.shape[2], k.shape[2]
+    allowed = torch.ones(Lq, Lk, dtype=torch.bool).tril(Lk - Lq) if is_causal else torch.ones(Lq, Lk, dtype=torch.bool)
+    s = ((q @ k.transpose(-1, -2)) * scale).masked_fill(~allowed, float("-inf"))
+    if Lk > tile:
+        m = torch.full(s.shape[:-1], float("-inf"), dtype=torch.float64)
+        l, acc = torch.zeros_like(m), torch.zeros(q.shape, dtype=torch.float64)
+        for j0 in range(0, Lk, tile):
+            sb = s[..., j0:j0 + tile]
+            m_new = torch.maximum(m, sb.amax(-1))
+            m_safe = torch.where(torch.isinf(m_new), 0.0, m_new)
+            p = torch.exp(sb - m_safe[..., None])
+            l = l * torch.exp(m - m_safe) + p.sum(-1)
+            acc, m = acc + p @ v[..., j0:j0 + tile, :], m_new              # acc never rescaled
+        yield (f"the accumulator is not rescaled when the running max grows (acc = alpha * acc + p @ V; this out "
+               f"matches acc without alpha over key blocks of {tile})", acc / torch.where(l == 0, 1.0, l)[..., None])
+    pad = -Lk % tile
+    if pad and not is_causal:  # (causal masks the padded keys anyway: they lie past every query's limit)
+        sp = torch.cat([s, s.new_zeros(*s.shape[:-1], pad)], -1)
+        vp = torch.cat([v, v.new_zeros(*v.shape[:-2], pad, v.shape[-1])], -2)
+        yield (f"padded keys of a ragged last key block were not masked: with key blocks of {tile} the {pad} keys "
+               f"past Lk={Lk} got score 0 and value 0; mask with start_n + offs_n < Lk, not the first block's "
+               f"offsets", torch.softmax(sp, -1) @ vp)
+    if is_causal and Lq > tile:
+        rows = torch.arange(Lq)[:, None]
+        early = allowed & (torch.arange(Lk)[None, :] < rows // tile * tile + Lk - Lq)
+        yield (f"a causal loop bound skips the diagonal key block: with query blocks of {tile}, query i saw only "
+               f"keys < (i // {tile}) * {tile} + Lk - Lq; the last query of a block sees keys up to "
+               f"(block end - 1) + Lk - Lq", _masked_attention(q, k, v, scale, early))
 
 
 def _masked_attention(q, k, v, scale, allowed):
@@ -131,6 +179,23 @@ def check_forward(result, q, k, v, is_causal, scale, case, device, what="out"):
                        f"scale=None meaning 1/sqrt(D) = {1 / math.sqrt(D):.4g}")
         differs = "lse differs from float64 log-sum-exp"
         assert_close(lse, ref_lse, atol=latol, rtol=lrtol, what=f"{bug}; {differs}" if bug else differs, case=case)
+
+
+def check_layout(result, call, q, k, v, is_causal, case, device):
+    """:func:`check_forward` of ``result``, a call on non-contiguous ``q, k, v``. When it is
+    wrong, ``call(*inputs)`` runs on contiguous copies of the same inputs: a right answer there
+    means the result depends on the layout (strides assumed), which the failure then says."""
+    try:
+        check_forward(result, q, k, v, is_causal, None, case, device)
+    except AssertionError as e:
+        dense = tuple(t.contiguous() for t in (q, k, v))
+        try:
+            check_forward(call(*dense), *dense, is_causal, None, f"{case}, contiguous copies", device)
+        except AssertionError:
+            raise e from None
+        raise AssertionError(f"the result depends on the layout: right on contiguous copies of the same q, k, v, "
+                             f"wrong on these views; pass t.stride() of every tensor, never assume contiguous "
+                             f"strides: {e}") from None
 
 
 def kernel_call(fn, q, k, v, case, **kwargs):
@@ -254,22 +319,64 @@ def check_raises(fn, exc, arg, match, case):
     assert re.search(match, str(e)), f"{case}: raised {exc.__name__}({str(e)!r}) but the message should name {arg}"
 
 
+def check_refusal(fn, bad, good, exc, arg, match, case, kernel=False):
+    """A refusal counts next to a right answer of the same entry point: ``fn(*good)`` (the
+    valid neighbour of the refused inputs, the one offending argument made valid) first, its
+    ``(out, lse)`` checked against the oracle (non-causal), then ``fn(*bad)`` must raise
+    ``exc`` naming ``arg``. With ``kernel`` (Part B) the neighbour runs through
+    :func:`kernel_call` (a Triton launch, no attention math in PyTorch), in float32 and, when
+    float32's values are wrong, again in float16 (as :func:`checked_kernel`: a kernel that
+    computes in float16 only loses the float32 value tests, not this one)."""
+    prop, where = f"the {exc.__name__} naming {arg}", f"{case}: its valid neighbour"
+    errors = []
+    for inputs in ((good, tuple(t.half() for t in good)) if kernel else (good,)):
+        res = kernel_call(fn, *inputs, where) if kernel else fn(*inputs)
+        try:
+            check_forward(res, *inputs, False, None, f"{where}, {str(inputs[0].dtype)[6:]}", "cpu")
+            break
+        except AssertionError as e:
+            errors.append(str(e))
+    else:
+        also = f" (float16 gave: {errors[1][:300]})" if len(errors) > 1 else ""
+        raise AssertionError(f"{errors[0]}; {prop} counts only when the values are right{also}")
+    check_raises(lambda: fn(*bad), exc, arg, match, case)
+
+
+def _qkv_small(g, Hk=2, D=16):
+    """q (1, 2, 5, D), k and v (1, Hk, 7, D), float32."""
+    return (torch.randn(1, 2, 5, D, generator=g), torch.randn(1, Hk, 7, D, generator=g),
+            torch.randn(1, Hk, 7, D, generator=g))
+
+
+def _one_changed(qkv, i, change):
+    """``(bad, good)``: ``qkv`` with its ``i``-th tensor changed by ``change``, and ``qkv``."""
+    return tuple(change(t) if n == i else t for n, t in enumerate(qkv)), qkv
+
+
+def _int_qkv(g):
+    bad = tuple(torch.randint(0, 3, shape, generator=g) for shape in ((1, 2, 5, 16), (1, 2, 7, 16), (1, 2, 7, 16)))
+    return bad, tuple(t.float() for t in bad)
+
+
+def _heads_differ(g):
+    q, k, v = _qkv_small(g, Hk=3)
+    return (q, k, v), (q, k[:, :2].contiguous(), v[:, :2].contiguous())
+
+
+def _d48(g):
+    bad = _qkv_small(g, D=48)
+    return bad, tuple(t[..., :32].contiguous() for t in bad)
+
+
 BAD_ARGS = [
-    # (id, builder(gen) -> (q, k, v), exception, argument named, regex on the message)
-    ("k-dtype-differs", lambda g: (torch.randn(1, 2, 5, 16, generator=g), torch.randn(1, 2, 7, 16, generator=g).half(),
-                                   torch.randn(1, 2, 7, 16, generator=g)), TypeError, "k", r"\bk\b"),
-    ("v-dtype-differs", lambda g: (torch.randn(1, 2, 5, 16, generator=g), torch.randn(1, 2, 7, 16, generator=g),
-                                   torch.randn(1, 2, 7, 16, generator=g).double()), TypeError, "v", r"\bv\b"),
-    ("q-int-dtype", lambda g: (torch.randint(0, 3, (1, 2, 5, 16), generator=g), torch.randint(0, 3, (1, 2, 7, 16), generator=g),
-                               torch.randint(0, 3, (1, 2, 7, 16), generator=g)), TypeError, "q", r"\bq\b"),
-    ("v-length-differs", lambda g: (torch.randn(1, 2, 5, 16, generator=g), torch.randn(1, 2, 7, 16, generator=g),
-                                    torch.randn(1, 2, 6, 16, generator=g)), ValueError, "v", r"\bv\b"),
-    ("k-heads-differ", lambda g: (torch.randn(1, 2, 5, 16, generator=g), torch.randn(1, 3, 7, 16, generator=g),
-                                  torch.randn(1, 3, 7, 16, generator=g)), ValueError, "k", r"\bk\b"),
-    ("q-3d", lambda g: (torch.randn(2, 5, 16, generator=g), torch.randn(1, 2, 7, 16, generator=g),
-                        torch.randn(1, 2, 7, 16, generator=g)), ValueError, "q", r"\bq\b"),
-    ("D48-unsupported", lambda g: (torch.randn(1, 2, 5, 48, generator=g), torch.randn(1, 2, 7, 48, generator=g),
-                                   torch.randn(1, 2, 7, 48, generator=g)), ValueError, "D=48", r"48"),
+    # (id, builder(gen) -> (bad q, k, v; their valid neighbour), exception, argument named, regex on the message)
+    ("k-dtype-differs", lambda g: _one_changed(_qkv_small(g), 1, torch.Tensor.half), TypeError, "k", r"\bk\b"),
+    ("v-dtype-differs", lambda g: _one_changed(_qkv_small(g), 2, torch.Tensor.double), TypeError, "v", r"\bv\b"),
+    ("q-int-dtype", _int_qkv, TypeError, "q", r"\bq\b"),
+    ("v-length-differs", lambda g: _one_changed(_qkv_small(g), 2, lambda v: v[:, :, :6]), ValueError, "v", r"\bv\b"),
+    ("k-heads-differ", _heads_differ, ValueError, "k", r"\bk\b"),
+    ("q-3d", lambda g: _one_changed(_qkv_small(g), 0, lambda q: q[0]), ValueError, "q", r"\bq\b"),
+    ("D48-unsupported", _d48, ValueError, "D=48", r"48"),
 ]
 
 
@@ -279,6 +386,7 @@ def fa():
     return SimpleNamespace(case_id=case_id, qkv=qkv, check_forward=check_forward, near_minus_1e6=near_minus_1e6,
                            check_near_minus_1e6=check_near_minus_1e6,
                            check_fully_masked=check_fully_masked, check_raises=check_raises,
+                           check_refusal=check_refusal, check_layout=check_layout,
                            kernel_call=kernel_call, checked_kernel=checked_kernel,
                            check_deterministic=check_deterministic, BAD_ARGS=BAD_ARGS, SDPA=SDPA,
                            causal_mask=causal_mask, attention=attention)

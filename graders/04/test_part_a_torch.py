@@ -74,8 +74,9 @@ def test_part_a_stable_for_logits_near_minus_1e6(impl, fa, gen, dtype):
                          ids=lambda ls: "q{}-k{}-v{}".format(*ls))
 def test_part_a_noncontiguous_inputs(impl, fa, gen, layouts):
     q, k, v = fa.qkv(gen, 2, 2, 33, 50, 32, layouts=layouts)
-    res = impl.flash_attention_torch(q, k, v, is_causal=True, block_q=16, block_k=16)
-    fa.check_forward(res, q, k, v, True, None, fa.case_id(2, 2, 33, 50, 32, True, layout="-".join(layouts)), "cpu")
+    call = lambda *x: impl.flash_attention_torch(*x, is_causal=True, block_q=16, block_k=16)  # noqa: E731
+    fa.check_layout(call(q, k, v), call, q, k, v, True, fa.case_id(2, 2, 33, 50, 32, True, layout="-".join(layouts)),
+                    "cpu")
 
 
 def test_part_a_does_not_call_sdpa(impl, fa, gen):
@@ -91,8 +92,8 @@ def test_part_a_does_not_call_sdpa(impl, fa, gen):
 
 def test_part_a_bad_args_raise(impl, fa, gen, bad_arg):
     name, build, exc, arg, match = bad_arg
-    q, k, v = build(gen)
-    fa.check_raises(lambda: impl.flash_attention_torch(q, k, v), exc, arg, match, f"flash_attention_torch, {name}")
+    bad, good = build(gen)
+    fa.check_refusal(impl.flash_attention_torch, bad, good, exc, arg, match, f"flash_attention_torch, {name}")
 
 
 # --- performance (CPU; the GPU perf test times Part B) ---

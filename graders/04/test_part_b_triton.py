@@ -106,8 +106,8 @@ def test_part_b_noncontiguous_inputs(impl, fa, gen, layouts, device):
     B, H, Lq, Lk, D = 2, 2, 35, 45, 32
     q, k, v = fa.qkv(gen, B, H, Lq, Lk, D, layouts=layouts, device=device)
     cid = fa.case_id(B, H, Lq, Lk, D, True, layout="-".join(layouts))
-    res = fa.kernel_call(impl.flash_attention_triton, q, k, v, cid, is_causal=True)
-    fa.check_forward(res, q, k, v, True, None, cid, device)
+    call = lambda *x: fa.kernel_call(impl.flash_attention_triton, *x, cid, is_causal=True)  # noqa: E731
+    fa.check_layout(call(q, k, v), call, q, k, v, True, cid, device)
 
 
 @pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
@@ -184,9 +184,12 @@ def test_part_b_uses_no_block_pointers(impl, fa, gen):
 
 
 def test_part_b_bad_args_raise(impl, fa, gen, bad_arg):
+    """The valid neighbour runs through ``fa.kernel_call`` (a Triton launch, no attention math in
+    PyTorch): refusing bad arguments earns no Part B point without a kernel."""
     name, build, exc, arg, match = bad_arg
-    q, k, v = build(gen)
-    fa.check_raises(lambda: impl.flash_attention_triton(q, k, v), exc, arg, match, f"flash_attention_triton, {name}")
+    bad, good = build(gen)
+    fa.check_refusal(impl.flash_attention_triton, bad, good, exc, arg, match, f"flash_attention_triton, {name}",
+                     kernel=True)
 
 
 # --- performance (GPU only) ---

@@ -94,13 +94,46 @@ def _oracle_grads(q, k, v, dout, causal):
     return out.detach(), q64.grad, k64.grad, v64.grad
 
 
-def _check_grads(grads, want, q, k, v, dout, causal, atol, rtol, cid):
-    """Each of ``grads`` (dq, dk, dv) within tolerance of ``want``, relative to its magnitude (grads
-    scale with the values); a failure names the bug class the gradients match, if any."""
+MASKED_NAN = ("{name} has NaN/inf with fully masked rows: recompute P = exp(S - lse) with lse = -inf rows "
+              "giving P = 0, not exp(-inf - -inf)")
+
+
+def _fully_masked_rows_bug(impl, q, k, v, dout, atol, rtol) -> str | None:
+    """Causal ``Lq > Lk``: queries ``0 .. Lq-Lk-1`` see no key (lse = -inf) and contribute nothing,
+    so the same call without them (a square causal problem over the other rows and every key)
+    has the same dk, dv and the same dq for the other rows. When the submission gets that
+    smaller call right, gradients that differ on the full one come from the fully masked rows:
+    their P was not 0 (an unguarded lse = -inf gives NaN, and zeroing that NaN afterwards drops
+    the other rows of its tile). The bug class, else None."""
+    Lq, Lk = q.shape[2], k.shape[2]
+    sq, sk, sv = (t.detach()[:, :, Lq - Lk:] if t is q else t.detach() for t in (q, k, v))
+    sq, sk, sv = (t.clone().requires_grad_() for t in (sq, sk, sv))
+    sd = dout[:, :, Lq - Lk:].clone()
+    _, grads = vjp(impl.FlashAttentionFunction.apply, (sq, sk, sv, True), sd)
+    _, *want = _oracle_grads(sq, sk, sv, sd, True)
+    if any(g is None for g in grads[:3]) or not all(
+            _close(g, w, atol * max(1.0, w.abs().max().item()), rtol) for g, w in zip(grads[:3], want)):
+        return None
+    return (f"fully masked rows change the other rows' gradients: queries 0..{Lq - Lk - 1} see no key (lse = -inf), "
+            f"and without them the same call gives the right dq, dk, dv; with them the gradients differ: a row "
+            f"with lse = -inf must get P = exp(S - lse) = 0 without NaN (guard lse = -inf; a NaN zeroed afterwards "
+            f"also drops the other rows of its tile)")
+
+
+def _check_grads(grads, want, q, k, v, dout, causal, atol, rtol, cid, impl=None):
+    """Each of ``grads`` (dq, dk, dv) finite and within tolerance of ``want``, relative to its
+    magnitude (grads scale with the values); a failure names the bug class the gradients match,
+    if any (with ``impl``, also the fully-masked-rows class, see :func:`_fully_masked_rows_bug`)."""
+    masked_rows = causal and q.shape[2] > k.shape[2]
+    for name, g in zip(("dq", "dk", "dv"), grads):
+        if masked_rows and not torch.isfinite(g).all():
+            raise AssertionError(MASKED_NAN.format(name=name) + f" ({cid})")
     tols = [atol * max(1.0, w.abs().max().item()) for w in want]
     bug = None
     if not all(_close(g, w, t, rtol) for g, w, t in zip(grads, want, tols)):
         bug = _backward_bug(q, k, v, dout, causal, grads, atol, rtol)
+        if bug is None and masked_rows and impl is not None:
+            bug = _fully_masked_rows_bug(impl, q, k, v, dout, atol, rtol)
     for name, got, w, t in zip(("dq", "dk", "dv"), grads, want, tols):
         differs = f"{name} differs from float64 autograd"
         if not bug and name != "dv":
@@ -128,7 +161,7 @@ def test_part_c_gradients_match_float64_autograd(impl, fa, gen, case, device):
             raise AssertionError(f"{name} is None: backward must return gradients for q, k and v ({cid})")
         if got.dtype != dtype:
             raise AssertionError(f"{name} has dtype {got.dtype}, expected the input's {dtype} ({cid})")
-    _check_grads((gq, gk, gv), (dq, dk, dv), q, k, v, dout, causal, atol, rtol, cid)
+    _check_grads((gq, gk, gv), (dq, dk, dv), q, k, v, dout, causal, atol, rtol, cid, impl=impl)
 
 
 def test_part_c_saves_lse_not_probabilities(impl, fa, gen):
@@ -159,8 +192,7 @@ def test_part_c_fully_masked_rows_have_zero_gradients(impl, fa, gen, device):
     cid = fa.case_id(B, H, Lq, Lk, D, True)
     for name, g in (("dq", gq), ("dk", gk), ("dv", gv)):
         if g is None or not torch.isfinite(g).all():
-            raise AssertionError(f"{name} has NaN/inf with fully masked rows: recompute P = exp(S - lse) with "
-                                 f"lse = -inf rows giving P = 0, not exp(-inf - -inf) ({cid})")
+            raise AssertionError(MASKED_NAN.format(name=name) + f" ({cid})")
     _, dq, dk, dv = _oracle_grads(q, k, v, dout, True)
     atol, rtol = tolerance(torch.float32, device, grad=True)
     if gq[:, :, : Lq - Lk].ne(0).any():
@@ -168,7 +200,7 @@ def test_part_c_fully_masked_rows_have_zero_gradients(impl, fa, gen, device):
         rows = gq[:, :, : Lq - Lk].abs().amax(dim=(0, 1, 3)).ne(0).nonzero()[:, 0].tolist()
         raise AssertionError(f"{bug + ': ' if bug else ''}dq of fully masked rows (queries 0..{Lq - Lk - 1}) must "
                              f"be zero; queries {rows[:5]}{'...' if len(rows) > 5 else ''} have non-zero dq ({cid})")
-    _check_grads((gq, gk, gv), (dq, dk, dv), q, k, v, dout, True, atol, rtol, cid)
+    _check_grads((gq, gk, gv), (dq, dk, dv), q, k, v, dout, True, atol, rtol, cid, impl=impl)
 
 
 @pytest.mark.points(3)
@@ -202,8 +234,21 @@ def test_part_c_backward_allocates_no_score_matrix(impl, fa, gen, causal):
 
 
 def test_part_c_bad_args_raise(impl, fa, gen):
-    q = torch.randn(1, 2, 5, 16, generator=gen)
-    k = torch.randn(1, 2, 7, 16, generator=gen).half()
-    v = torch.randn(1, 2, 7, 16, generator=gen)
-    fa.check_raises(lambda: impl.FlashAttentionFunction.apply(q, k, v, False), TypeError, "k", r"\bk\b",
-                    "FlashAttentionFunction.apply, k-dtype-differs")
+    """A refusal counts next to a right answer: the valid neighbour (k in q's dtype) is run
+    forward and backward and checked against float64 autograd first."""
+    q, k, v, dout = _leaves(gen, 1, 2, 5, 7, 16, torch.float32, "cpu", "contiguous")
+    case = "FlashAttentionFunction.apply, k-dtype-differs"
+    out, grads = vjp(impl.FlashAttentionFunction.apply, (q, k, v, False), dout)
+    ref_out, *want = _oracle_grads(q, k, v, dout, False)
+    prop, where = "the TypeError naming k", f"{case}: its valid neighbour"
+    atol, rtol = tolerance(torch.float32, "cpu")
+    checked(out, ref_out, atol=atol, rtol=rtol, what="forward output of FlashAttentionFunction", case=where, prop=prop)
+    atol, rtol = tolerance(torch.float32, "cpu", grad=True)
+    for name, got, w in zip(("dq", "dk", "dv"), grads, want):
+        if got is None:
+            raise AssertionError(f"{name} is None: backward must return gradients for q, k and v ({where}); {prop} "
+                                 f"counts only when the values are right")
+        checked(got, w, atol=atol * max(1.0, w.abs().max().item()), rtol=rtol,
+                what=f"{name} differs from float64 autograd", case=where, prop=prop)
+    q, k, v = q.detach(), k.detach().half(), v.detach()
+    fa.check_raises(lambda: impl.FlashAttentionFunction.apply(q, k, v, False), TypeError, "k", r"\bk\b", case)

@@ -50,14 +50,14 @@ class Driver:
 
     def append(self, sid, T):
         """Append T positions to ``sid`` through every layer. With a ``pool``, an out-of-blocks
-        refusal the contract's accounting does not explain (ceil(seq_len / block_size) blocks per
+        refusal (RuntimeError) the contract's accounting does not explain (ceil(seq_len / block_size) blocks per
         live sequence) is reported as the waste bug."""
         for layer in range(N_LAYERS):
             k = torch.randn(HKV, T, D, generator=self.gen).to(self.dtype)
             v = torch.randn(HKV, T, D, generator=self.gen).to(self.dtype)
             try:
                 out = self.cache.update(layer, sid, k, v)
-            except ValueError as e:
+            except RuntimeError as e:
                 if self.pool is None:
                     raise
                 block_size, num_blocks = self.pool
@@ -178,7 +178,7 @@ def test_paged_out_of_blocks_raises_and_changes_nothing(impl, gen):
     before, tables = raw_bytes(cache), {s: cache.block_table(s) for s in ("a", "b")}
     k = torch.randn(HKV, 3, D, generator=gen)
     case = "3 new positions for seq 'a' (10 stored, 2 spare slots) with no free block"
-    err = expect_raises(ValueError, f"an out-of-blocks update ({case})", cache.update, 0, "a", k, k.clone())
+    err = expect_raises(RuntimeError, f"an out-of-blocks update ({case})", cache.update, 0, "a", k, k.clone())
     assert "num_blocks" in str(err), f"the out-of-blocks error must name num_blocks ({case}), got: {err}"
     changed = [i for i, (x, y) in enumerate(zip(before, raw_bytes(cache))) if not torch.equal(x, y)]
     assert not changed, f"a refused update wrote block storage ({case}): storage(s) {changed} changed"
@@ -193,8 +193,12 @@ def test_paged_out_of_blocks_raises_and_changes_nothing(impl, gen):
 
 @pytest.mark.part("B")
 def test_paged_bad_arguments_raise(impl, gen):
+    """Each refusal next to its valid neighbour: seq 1 is allocated and appended through every
+    layer (its prefix checked) before the refused calls, appended again and freed after them."""
     cache = new(impl, 4, 4, torch.float16)
-    cache.allocate(1)
+    drv = Driver(cache, gen, prop="the bad-argument refusals", dtype=torch.float16)
+    drv.allocate(1)
+    drv.append(1, 2)
     k = torch.randn(HKV, 2, D, generator=gen).half()
     for exc, case, call in (
             (ValueError, "allocate(1) while seq 1 is live", lambda: cache.allocate(1)),
@@ -206,4 +210,5 @@ def test_paged_bad_arguments_raise(impl, gen):
             (TypeError, "update(0, 1, k, v) in float32 for a float16 cache",
              lambda: cache.update(0, 1, k.float(), k.float()))):
         expect_raises(exc, case, call)
-    cache.update(0, 1, k, k)
+    drv.append(1, 3)  # the refused calls changed nothing: the prefix is still what was appended
+    drv.free(1)

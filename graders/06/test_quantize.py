@@ -43,6 +43,11 @@ def _near_tie(x, eps=1e-4):
     return ((x - torch.floor(x)) - 0.5).abs() < eps
 
 
+def _near_integer(x, eps=1e-4):
+    """Where truncation may differ between float32 and float64 (w / scale next to an integer)."""
+    return (x - torch.round(x)).abs() < eps
+
+
 def _check_bound(w, deq, scale, g, case, kind):
     w64 = w.to(torch.float64)
     err = (w64 - deq).abs()
@@ -89,13 +94,36 @@ def _codes_match(codes, want, t, case, what, known=()):
     if bad.any():
         i = int(bad.flatten().nonzero()[0, 0])
         r, col = divmod(i, want.shape[1])
-        headline = next((bug for bug, wrong in known if bool((c == wrong)[bad].all())), what)
+        headline = next((bug for bug, wrong in known if bool(((c == wrong) | _near_integer(t))[bad].all())), what)
         raise AssertionError(f"{headline}: {int(bad.sum())} of {want.numel()} differ ({case}); at [{r}, {col}] "
                              f"w/scale={t[r, col].item():.4f}, code {int(c[r, col])}, round-to-nearest "
                              f"{int(want[r, col])}")
 
 
 TRUNCATED = "codes look truncated (round to nearest, not toward zero)"
+STRIDED = ("groups look strided: group j must hold the contiguous columns j*g .. (j+1)*g - 1, the scale of each "
+           "matches columns j, j + n, j + 2n, ... (reshape (out, in // g, g), not (out, g, in // g) transposed)")
+
+
+def _strided(w, g):
+    """``w (out, in)`` float64 as ``(out, n, g)`` groups of strided columns j, j + n, ... (the bug STRIDED)."""
+    out_f, in_f = w.shape
+    return w.to(torch.float64).reshape(out_f, g, in_f // g).transpose(1, 2)
+
+
+def _scale_bug(scale, ref, known, rtol):
+    """The bug class of a ``scale`` that differs from ``ref`` and equals the scale of a known bug
+    (``known``: (bug class, that scale)), else None. All-zero groups are left out, as in
+    :func:`_scale_matches`."""
+    if type(scale) is not torch.Tensor or tuple(scale.shape) != tuple(ref.shape):
+        return None
+    s = scale.detach().to(torch.float64)
+    for bug, wrong in known:
+        if bool((wrong != ref).any()) and bool(((s - wrong).abs() <= rtol * wrong.abs())[ref != 0].all()):
+            return bug
+    return None
+
+
 ZP_NOT_ADDED = ("zero point never added: codes are clamp(round(w / scale), 0, 2**bits - 1); the contract's codes "
                 "are clamp(round(w / scale) + zero_point, ...)")
 
@@ -108,7 +136,12 @@ def _check_symmetric(w, bits, gs, case):
             raise AssertionError(f"quantize_symmetric must return (codes, scale), got {type(res).__name__} ({case})")
         codes, scale = res
         ref, t, qmax = _sym_ref(w, bits, gs)
-        _scale_matches(scale, ref, 1e-6, f"scale is not absmax / (2**(bits-1) - 1) = absmax / {qmax}", case)
+        g = _gsize(w.shape[1], gs)
+        amax = w.to(torch.float64).abs().reshape(w.shape[0], -1, g).amax(-1)
+        bug = _scale_bug(scale, ref, [(f"scale is absmax / 2**(bits-1) = absmax / {qmax + 1}, not absmax / "
+                                       f"(2**(bits-1) - 1) = absmax / {qmax}", amax / (qmax + 1)),
+                                      (STRIDED, _strided(w, g).abs().amax(-1) / qmax)], 1e-6)
+        _scale_matches(scale, ref, 1e-6, bug or f"scale is not absmax / (2**(bits-1) - 1) = absmax / {qmax}", case)
         _codes_match(codes, torch.round(t).clamp(-qmax, qmax), t, case, "codes are not round(w / scale)",
                      known=[(TRUNCATED, torch.trunc(t).clamp(-qmax, qmax))])
     return check
@@ -128,7 +161,12 @@ def _check_asymmetric(w, bits, gs, case):
         wg = w.to(torch.float64).reshape(out_f, in_f // g, g)
         lo, hi = wg.amin(-1).clamp(max=0), wg.amax(-1).clamp(min=0)
         ref = (hi - lo) / qmax
-        _scale_matches(scale, ref, 1e-5, "scale is not (max(w, 0) - min(w, 0)) / (2**bits - 1)", case)
+        ws = _strided(w, g)
+        no_zero = (wg.amax(-1) - wg.amin(-1)) / qmax
+        bug = _scale_bug(scale, ref, [("the range must include 0: scale is (max(w) - min(w)) / (2**bits - 1); the "
+                                       "contract's range is [min(w, 0), max(w, 0)]", no_zero),
+                                      (STRIDED, (ws.amax(-1).clamp(min=0) - ws.amin(-1).clamp(max=0)) / qmax)], 1e-5)
+        _scale_matches(scale, ref, 1e-5, bug or "scale is not (max(w, 0) - min(w, 0)) / (2**bits - 1)", case)
         safe = torch.where(ref == 0, torch.ones_like(ref), ref)
         zt = -lo / safe
         want_zp = torch.round(zt).clamp(0, qmax)
@@ -329,10 +367,20 @@ def test_scale_shape_per_row_or_per_group(impl, gen, gs):
 
 
 @pytest.mark.part("A")
-@pytest.mark.parametrize("gs", [7, 64, 10], ids=lambda g: f"g{g}")
-def test_group_size_not_dividing_in_raises_value_error(impl, gen, gs):
-    w = randn((4, 36), gen)
-    for name, bits in (("quantize_symmetric", 8), ("quantize_asymmetric", 4)):
+@pytest.mark.parametrize("gs,good", [(7, 6), (64, 36), (10, 12)], ids=["g7", "g64", "g10"])
+def test_group_size_not_dividing_in_raises_value_error(impl, gen, gs, good):
+    """A refusal counts next to a right answer: the same call with a group size that divides in
+    (``good``, the valid neighbour) is checked against the oracle first. Non-negative weights
+    with a 0 in every group: the zero point is 0, so how codes use it (graded above) cannot
+    matter here."""
+    w = randn((4, 36), gen).abs()
+    w[:, ::6] = 0.0
+    prop = f"the ValueError for group_size={gs}"
+    for name, bits, check in (("quantize_symmetric", 8, _check_symmetric),
+                              ("quantize_asymmetric", 4, _check_asymmetric)):
+        checked(getattr(impl, name)(w, bits=bits, group_size=good),
+                check(w, bits, good, f"{name}, w (4, 36), bits={bits}, group_size={good}: the valid neighbour"),
+                prop=prop)
         expect_raises(ValueError, f"{name}(w (4, 36), bits={bits}, group_size={gs}) (36 % {gs} != 0)",
                       getattr(impl, name), w, bits=bits, group_size=gs)
 
@@ -361,29 +409,33 @@ def test_dequantize_matches_formula(impl, gen, gs):
                       "(uint8 - uint8 wraps around: convert to float first)")
 
 
+SQNR_ROWS = 4000
 SQNR_CASES = [("int8-sym-row", "symmetric", 8, None, 40.0), ("int4-asym-g128", "asymmetric", 4, 128, 19.0),
               ("int4-sym-g128", "symmetric", 4, 128, 18.0)]
 
 
 @pytest.mark.part("A")
 @pytest.mark.parametrize("name,kind,bits,gs,floor", SQNR_CASES, ids=[c[0] for c in SQNR_CASES])
-def test_sqnr_floor_on_gaussian_4096x4096(impl, gen, name, kind, bits, gs, floor):
-    w = torch.randn(4096, 4096, generator=gen)
+def test_sqnr_floor_on_gaussian_rows_of_4096(impl, gen, name, kind, bits, gs, floor):
+    # the contract's floors are for N(0, 1) rows of 4096 columns; the row count is not the handout's
+    # 4096 (a hidden test never reuses a shown input): rows are independent, so the floors are the same
+    rows = SQNR_ROWS
+    w = torch.randn(rows, 4096, generator=gen)
     if kind == "symmetric":
         codes, scale = impl.quantize_symmetric(w, bits=bits, group_size=gs)
         zp = None
     else:
         codes, scale, zp = impl.quantize_asymmetric(w, bits=bits, group_size=gs)
     g = _gsize(4096, gs)   # float32 arithmetic here: 16M elements, and 1e-7 relative error is plenty for dB
-    c = codes.to(torch.float32).view(4096, 4096 // g, g)
+    c = codes.to(torch.float32).view(rows, 4096 // g, g)
     if zp is not None:
         c -= zp.to(torch.float32)[..., None]
-    err = (w - (c * scale.to(torch.float32)[..., None]).view(4096, 4096)).norm()
+    err = (w - (c * scale.to(torch.float32)[..., None]).view(rows, 4096)).norm()
     sqnr = 20 * math.log10(w.norm().item() / err.item())
     if sqnr < floor and zp is not None and \
             _looks_zero_point_not_added(w[:64], codes[:64], scale[:64], zp[:64], g, bits):
         raise AssertionError(f"{ZP_NOT_ADDED} (rows 0..63 of {name}): SQNR {sqnr:.2f} dB, below the floor {floor} dB")
-    assert sqnr >= floor, (f"SQNR {sqnr:.2f} dB below the floor {floor} dB for {name} on N(0, 1) 4096x4096 "
+    assert sqnr >= floor, (f"SQNR {sqnr:.2f} dB below the floor {floor} dB for {name} on N(0, 1) {rows}x4096 "
                            "(correct round-to-nearest gives about 41.2 / 20.0 / 18.6 dB)")
 
 
@@ -403,7 +455,7 @@ def _looks_zero_point_not_added(w, codes, scale, zp, g, bits):
 
 @pytest.mark.part("B")
 @pytest.mark.points(2)
-@pytest.mark.parametrize("shape", [(2,), (3, 6), (2, 3, 10)], ids=lambda s: "x".join(map(str, s)))
+@pytest.mark.parametrize("shape", [(8,), (3, 6), (2, 3, 10)], ids=lambda s: "x".join(map(str, s)))
 def test_pack_puts_even_element_in_low_nibble(impl, gen, shape):
     codes = torch.randint(0, 16, shape, generator=gen, dtype=torch.uint8)
     codes[..., 0], codes[..., 1] = 5, 12                  # low 5, high 12: 0xC5, not 0x5C
@@ -421,12 +473,25 @@ def test_pack_puts_even_element_in_low_nibble(impl, gen, shape):
                              f"got {[hex(x) for x in packed.flatten()[:2].tolist()]}")
 
 
+def _pairs(gen, rows, n):
+    """``(rows, 2n)`` int64 codes in [0, 15] whose pairs (2i, 2i+1) are equal: byte i of their packing is
+    code * 17 in either nibble order, so the order (graded in the low-nibble test) cannot matter."""
+    return torch.randint(0, 16, (rows, n), generator=gen).repeat_interleave(2, -1)
+
+
+def _check_pairs_packed(packed, codes, case, prop):
+    """``packed`` is pack_int4 of ``codes`` (from :func:`_pairs`): uint8, byte i = code 2i * 17."""
+    want = (codes[..., 0::2].long() * 17).to(torch.uint8)
+    checked(packed, want, what="pack_int4 of codes whose pairs are equal (byte = code | code << 4)", case=case,
+            prop=prop)
+    assert packed.dtype == torch.uint8, f"pack_int4 must return uint8, got {packed.dtype} ({case})"
+
+
 @pytest.mark.part("B")
 @pytest.mark.parametrize("dtype", [torch.uint8, torch.int8, torch.int32, torch.int64],
                          ids=["uint8", "int8", "int32", "int64"])
 def test_pack_accepts_every_integer_dtype(impl, gen, dtype):
-    # both codes of a pair equal, so the nibble order (graded in the low-nibble test) cannot matter here
-    codes = torch.randint(0, 16, (3, 7), generator=gen).repeat_interleave(2, -1)
+    codes = _pairs(gen, 3, 7)
     codes[0, :2] = 15                                     # 0xFF: the int8 shift must not overflow
     packed = impl.pack_int4(codes.to(dtype))
     want = (codes[..., 0::2] * 17).to(torch.uint8)        # byte = code | code << 4
@@ -438,28 +503,40 @@ def test_pack_accepts_every_integer_dtype(impl, gen, dtype):
                            f"{_shown(want, bad)}")
 
 
+# Each refusal counts next to a right answer: the valid neighbour of the refused codes (integer
+# codes, an even length, codes in [0, 15]) is packed and checked first.
+
 @pytest.mark.part("B")
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.float64], ids=["fp32", "fp16", "fp64"])
-def test_pack_rejects_floating_codes_with_type_error(impl, dtype):
-    expect_raises(TypeError, f"pack_int4 of {dtype} codes (codes must have an integer dtype)",
-                  impl.pack_int4, torch.tensor([[3.0, 9.0, 1.0, 14.0]], dtype=dtype))
+def test_pack_rejects_floating_codes_with_type_error(impl, gen, dtype):
+    codes = _pairs(gen, 1, 3)
+    case = f"pack_int4 of {dtype} codes of shape {tuple(codes.shape)}"
+    _check_pairs_packed(impl.pack_int4(codes), codes, f"{case}: its valid neighbour, the int64 codes",
+                        prop="the TypeError for floating codes")
+    expect_raises(TypeError, f"{case} (codes must have an integer dtype)", impl.pack_int4, codes.to(dtype))
 
 
 @pytest.mark.part("B")
 @pytest.mark.parametrize("n", [1, 7])
 def test_pack_odd_length_raises_value_error(impl, gen, n):
+    codes = _pairs(gen, 2, (n + 1) // 2).to(torch.uint8)
+    _check_pairs_packed(impl.pack_int4(codes), codes, f"pack_int4 of shape (2, {n + 1}), the valid neighbour",
+                        prop="the ValueError for an odd length")
     expect_raises(ValueError, f"pack_int4 of shape (2, {n}) (the last dim must be even)",
-                  impl.pack_int4, torch.randint(0, 16, (2, n), generator=gen, dtype=torch.uint8))
+                  impl.pack_int4, codes[:, :n].clone())
 
 
 @pytest.mark.part("B")
 @pytest.mark.parametrize("bad,dtype", [(16, torch.uint8), (-1, torch.int8), (200, torch.int32), (-9, torch.int64)],
                          ids=["16-uint8", "-1-int8", "200-int32", "-9-int64"])
 def test_pack_out_of_range_code_raises_value_error(impl, gen, bad, dtype):
-    codes = torch.randint(0, 16, (2, 8), generator=gen).to(dtype)
-    codes[1, 5] = bad
-    expect_raises(ValueError, f"pack_int4 of {dtype} codes holding {bad} (codes are in [0, 15])",
-                  impl.pack_int4, codes)
+    codes = _pairs(gen, 2, 4).to(dtype)
+    case = f"pack_int4 of {dtype} codes of shape (2, 8)"
+    _check_pairs_packed(impl.pack_int4(codes), codes, f"{case} in [0, 15], the valid neighbour",
+                        prop=f"the ValueError for a code {bad}")
+    at = int(torch.randint(0, codes.numel(), (1,), generator=gen))
+    codes.view(-1)[at] = bad
+    expect_raises(ValueError, f"{case} holding {bad} at {divmod(at, 8)} (codes are in [0, 15])", impl.pack_int4, codes)
 
 
 @pytest.mark.part("B")
@@ -551,23 +628,40 @@ def test_from_linear_forward_equals_x_times_dequantized_weight(impl, gen, case):
     x = randn((2, 5, in_f), gen)
     with torch.no_grad():
         y = q(x)
+    _check_linear_output(y, x, weight, b, bits, g, _qlid(case))
+
+
+LINEAR_WHAT = ("QuantizedLinear output differs from x @ dequantize(quantize(W)).T + bias "
+               "(bits=8: symmetric per row/group; bits=4: asymmetric, group 128 by default)")
+
+
+def _check_linear_output(y, x, weight, b, bits, g, case):
+    """``y = q(x)`` of a QuantizedLinear made from ``weight``/``b`` equals ``x @ W_hat.T + b`` (float64
+    oracle); a mismatch that is what a known bug computes is reported under its name."""
     w_hat, _ = _ref_weight(weight, bits, g)
-    ref = x.double() @ w_hat.T + (b.double() if bias else 0)
-    what = ("QuantizedLinear output differs from x @ dequantize(quantize(W)).T + bias "
-            "(bits=8: symmetric per row/group; bits=4: asymmetric, group 128 by default)")
-    if bits == 4 and type(y) is torch.Tensor and y.shape == ref.shape:
-        what = _zero_point_hint(y, x, weight, b, g) or what
-    assert_close(y, ref, atol=2e-5, rtol=1e-4, case=_qlid(case), what=what)
+    ref = x.double() @ w_hat.T + (0 if b is None else b.double())
+    what = LINEAR_WHAT
+    if type(y) is torch.Tensor and y.shape == ref.shape and not torch.allclose(y.double(), ref, atol=2e-5, rtol=1e-4):
+        what = _linear_bug(y, x, weight, b, bits, g) or what
+    assert_close(y, ref, atol=2e-5, rtol=1e-4, case=case, what=what)
 
 
-def _zero_point_hint(y, x, weight, b, g):
-    """The bug class when a bits=4 output ``y`` is what a known zero-point bug computes, else ''."""
-    for bug, msg in ((NOT_SUBTRACTED, "zero point never subtracted: the bits=4 forward uses codes * scale, not "
-                                      "(codes - zero_point) * scale"),
-                     (NOT_ADDED, "zero point never added (by quantize_asymmetric: part A grades its codes): the bits=4 "
-                                 "weight dequantizes codes clamp(round(w / scale), 0, 15), the contract's are "
-                                 "clamp(round(w / scale) + zero_point, 0, 15)")):
-        want = x.double() @ _ref_weight(weight, 4, g, bug)[0].T + (0 if b is None else b.double())
+def _linear_bug(y, x, weight, b, bits, g):
+    """The bug class when an output ``y`` is what a known QuantizedLinear bug computes, else ''."""
+    bias = 0 if b is None else b.double()
+    known = []
+    if b is not None:
+        known += [(None, 2 * bias, "bias added twice: the output is x @ W_hat.T + 2 * bias (F.linear(x, W, bias) "
+                                   "already adds it)"),
+                  (None, 0, "bias never added: the output is x @ W_hat.T without + bias")]
+    if bits == 4:
+        known += [(NOT_SUBTRACTED, bias, "zero point never subtracted: the bits=4 forward uses codes * scale, not "
+                                         "(codes - zero_point) * scale"),
+                  (NOT_ADDED, bias, "zero point never added (by quantize_asymmetric: part A grades its codes): the "
+                                    "bits=4 weight dequantizes codes clamp(round(w / scale), 0, 15), the contract's "
+                                    "are clamp(round(w / scale) + zero_point, 0, 15)")]
+    for bug, added, msg in known:
+        want = x.double() @ _ref_weight(weight, bits, g, bug)[0].T + added
         if torch.allclose(y.double(), want, atol=2e-5, rtol=1e-4):
             return msg
     return ""
@@ -620,9 +714,8 @@ def _storage_figures(impl, gen, out_f, in_f, bits, gs, g, outside=True):
     x = randn((3, in_f), gen)
     with torch.no_grad():
         y = q(x)
-    w_hat, _ = _ref_weight(weight, bits, g)
-    checked(y, x.double() @ w_hat.T + b.double(), atol=2e-5, rtol=1e-4, case=f"bits{bits}-g{g}-out{out_f}-in{in_f}",
-            what="QuantizedLinear output differs from x @ dequantize(quantize(W)).T + bias", prop="the weight storage")
+    checked(y, lambda y: _check_linear_output(y, x, weight, b, bits, g, f"bits{bits}-g{g}-out{out_f}-in{in_f}"),
+            prop="the weight storage")
     figs.append(("after a forward call", *_stored_bytes(q), None if before is None else resident_bytes(q) - before))
     return figs
 
@@ -635,7 +728,7 @@ def test_weight_storage_is_out_in_bits_over_8_plus_scales(impl, gen, bits, gs):
     """What the module keeps, right after from_linear and after a forward call, within
     out*in*bits/8 bytes of codes plus scales (and zero points) and the bias. In-process: the
     storages the module holds, on a 40 x 384 layer. Under the sandbox the same layer runs first
-    (it loads the code the large one runs), then a 1024 x 4096 layer is graded on the worker's
+    (it loads the code the large one runs), then a 1000 x 4096 layer is graded on the worker's
     live memory read from outside it (a float32 copy of its weight is 16 MiB, its codes 4 or 2
     MiB) and on the storages it holds (they show an unpacked int4 copy)."""
     def group(in_f):
@@ -643,7 +736,7 @@ def test_weight_storage_is_out_in_bits_over_8_plus_scales(impl, gen, bits, gs):
     remote = is_remote(impl)
     if remote:  # the small layer first: its values are checked, and it loads the code the large one runs
         _storage_figures(impl, gen, 40, 384, bits, gs, group(384), outside=False)
-    out_f, in_f = (1024, 4096) if remote else (40, 384)
+    out_f, in_f = (1000, 4096) if remote else (40, 384)
     g = group(in_f)
     n_groups = out_f * (in_f // g)
     codes = out_f * in_f * bits // 8

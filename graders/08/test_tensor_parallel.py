@@ -14,6 +14,11 @@ value after construction, and that parameter's gradient must be the same slice o
 unsharded gradient. Communication is read from the event log of collective dispatcher
 ops (``c10d`` events: ``dist.*``, ProcessGroup methods, ``torch.distributed.nn`` and
 functional collectives all end in one), split at the end of forward.
+
+Where forward or backward raises, the shards are checked first, so a misplaced one is named
+before the error it causes. A refusal test (W = 3) first builds the same call on its valid
+neighbour and checks its output: no point for refusing alone; one test per family of
+refusals, in the part the handout names (from_linear: A; from_mlp, from_attention: B).
 """
 from __future__ import annotations
 
@@ -62,7 +67,8 @@ def qkv_rows(d, W, r):
 def body_step(rk, build, layers, x, go, kwargs, members=None):
     """Builds the unsharded layers here, shards them with ``build`` (a name of the
     implementation: ``"ColumnParallelLinear.from_linear"``, ...), runs forward and backward;
-    with ``members`` (lists of world ranks) in this rank's group of them."""
+    with ``members`` (lists of world ranks) in this rank's group of them. Where forward or
+    backward raises: ``{"error", "params"}`` (the module's state after construction)."""
     handles = [rk.build_linear(w, b) for w, b in layers]
     if "activation" in kwargs:  # a dotted torch function name: its handle in the rank's process
         kwargs = {**kwargs, "activation": rk.torch_function(kwargs["activation"])}
@@ -72,7 +78,12 @@ def body_step(rk, build, layers, x, go, kwargs, members=None):
     ctor = getattr(getattr(rk.impl, owner), method) if method else getattr(rk.impl, owner)
     m = rk.call(ctor, *handles, **kwargs).out
     xr, gr = x[rk.rank] if isinstance(x, list) else x, go[rk.rank] if isinstance(go, list) else go
-    s = rk.backward(m, m, xr, grad_output=gr, input_grads=True)
+    try:
+        s = rk.backward(m, m, xr, grad_output=gr, input_grads=True)
+    except Exception as e:  # noqa: BLE001 - graded: the shards are checked first, then this error named
+        if type(e).__module__.startswith("harness."):
+            raise
+        return {"error": f"{type(e).__name__}: {str(e)[:300]}", "params": rk.state(m)}
     storage = rk.reachable_bytes(m)
     return {"out": s.out, "dx": s.input_grads[0], "params": s.params, "grads": s.grads, "events": s.events,
             "reachable": storage["total"], "largest": storage["largest"]}
@@ -83,7 +94,12 @@ def body_function(rk, name, x, go):
     whether the call changed ``x``."""
     xr, gr = x[rk.rank], go[rk.rank]
     c = rk.call(getattr(rk.impl, name), xr)
-    s = rk.backward(getattr(rk.impl, name), None, xr, grad_output=gr, input_grads=True)
+    try:
+        s = rk.backward(getattr(rk.impl, name), None, xr, grad_output=gr, input_grads=True)
+    except Exception as e:  # noqa: BLE001 - graded after x_after
+        if type(e).__module__.startswith("harness."):
+            raise
+        return {"error": f"{type(e).__name__}: {str(e)[:300]}", "x_after": c.args[0]}
     return {"out": s.out, "dx": s.input_grads[0], "x_after": c.args[0], "events": s.events}
 
 
@@ -92,6 +108,12 @@ def run(impl, W, body, *args):
 
 
 # ----------------------------------------------------------------------------- checks
+
+def raise_error(out, case):
+    """The error a rank's forward or backward raised (see :func:`body_step`), if any."""
+    if "error" in out:
+        raise AssertionError(f"{case}: forward and backward raised {out['error']}")
+
 
 def find_param(params: dict, want: torch.Tensor, what: str, case: str, hints=()):
     """The name of the parameter whose value is exactly ``want``; else an AssertionError
@@ -174,7 +196,11 @@ def test_copy_to_tp_is_identity_forward_and_all_reduce_backward(W, impl, seed):
     res = run(impl, W, body_function, "copy_to_tp", [noncontiguous(x) for x in xs], [noncontiguous(g) for g in gs])
     for r, out in enumerate(res):
         case = f"copy_to_tp, W={W}, rank {r}, non-contiguous x and gradient"
+        raise_error(out, case)
         assert_close(out["out"], xs[r], atol=0, rtol=0, what="forward (identity)", case=case)
+        if W > 1 and isinstance(out["dx"], torch.Tensor) and torch.equal(out["dx"].double(), gs[r].double()):
+            raise AssertionError(f"{case}: the gradient of x is this rank's own incoming gradient: f's backward "
+                                 "must all-reduce (sum) the gradient over the ranks")
         grad_or_off_by_w(out["dx"], sum(g.double() for g in gs), W, "the gradient of x (the sum over the ranks)",
                          case)
 
@@ -188,9 +214,14 @@ def test_reduce_from_tp_is_all_reduce_forward_and_identity_backward(W, impl, see
     res = run(impl, W, body_function, "reduce_from_tp", [noncontiguous(x) for x in xs], [noncontiguous(g) for g in gs])
     for r, out in enumerate(res):
         case = f"reduce_from_tp, W={W}, rank {r}, non-contiguous x and gradient"
-        assert_close(out["out"], sum(x.double() for x in xs), atol=ATOL, rtol=RTOL, what="forward (the sum)", case=case)
+        total = sum(x.double() for x in xs)
+        if W > 1 and torch.allclose(out["x_after"].double(), total.transpose(-1, -2), atol=ATOL, rtol=RTOL):
+            raise AssertionError(f"{case}: reduce_from_tp overwrote x with the sum (an all-reduce in place of x "
+                                 "itself): all-reduce a copy and return it, leaving x unchanged")
         assert_close(out["x_after"], xs[r].transpose(-1, -2).contiguous(), atol=0, rtol=0,
                      what="x after the call (a new tensor; x unchanged)", case=case)
+        raise_error(out, case)
+        assert_close(out["out"], total, atol=ATOL, rtol=RTOL, what="forward (the sum)", case=case)
         grad_or_off_by_w(out["dx"], gs[r].double(), W, "the gradient of x (identity)", case)
 
 
@@ -210,17 +241,25 @@ def column_case(impl, seed, W, d_in, d_out, bias, gather):
     for r, out in enumerate(res):
         rows = blocks(d_out, W, r)
         case = f"ColumnParallelLinear, W={W}, rank {r}, gather_output={gather}, bias={bias}"
-        assert_close(out["out"], ref if gather else ref[..., rows], atol=ATOL, rtol=RTOL, what="output", case=case)
-        grad_or_off_by_w(out["dx"], dx, W, "the gradient of x (replicated: the full gradient on every rank)", case)
         wn = find_param(out["params"], w[rows], f"weight rows [{rows.start}, {rows.stop})", case,
                         hints=[(w[:, blocks(d_in, W, r)], "input columns: split along the wrong axis (a column-"
                                 "parallel linear splits the output features, weight rows)")] if W > 1 else ())
+        bn = find_param(out["params"], b[rows], f"bias entries [{rows.start}, {rows.stop})", case) if bias else None
+        if not bias and any(p.dim() == 1 for p in out["params"].values()):
+            raise AssertionError(f"{case}: a bias parameter exists for a Linear without bias (bias must be None)")
+        raise_error(out, case)
+        want = ref if gather else ref[..., rows]
+        summed = F.linear(W * x.double(), w.double(), None if b is None else b.double())
+        if W > 1 and torch.allclose(out["out"].double(), summed if gather else summed[..., rows], atol=ATOL,
+                                    rtol=RTOL):
+            raise AssertionError(f"{case}: the output is that of W={W} times x: the input was all-reduced in forward "
+                                 "(f and g swapped: copy_to_tp, f, is the identity in forward; reduce_from_tp, g, "
+                                 "sums a row-parallel layer's partial products)")
+        assert_close(out["out"], want, atol=ATOL, rtol=RTOL, what="output", case=case)
+        grad_or_off_by_w(out["dx"], dx, W, "the gradient of x (replicated: the full gradient on every rank)", case)
         check_grad(out, wn, dw[rows], "the weight shard", case, W)
         if bias:
-            bn = find_param(out["params"], b[rows], f"bias entries [{rows.start}, {rows.stop})", case)
             check_grad(out, bn, db[rows], "the bias shard", case, W)
-        elif any(p.dim() == 1 for p in out["params"].values()):
-            raise AssertionError(f"{case}: a bias parameter exists for a Linear without bias (bias must be None)")
 
 
 @pytest.mark.part("A")
@@ -251,14 +290,22 @@ def row_case(impl, seed, W, d_in, d_out, bias, parallel_input):
         wn = find_param(out["params"], w[:, cols], f"weight input columns [{cols.start}, {cols.stop})", case,
                         hints=[(w[blocks(d_out, W, r)], "output rows: split along the wrong axis (a row-parallel "
                                 "linear splits the input features, weight columns)")] if W > 1 else ())
+        bn = find_param(out["params"], b, "the full bias", case) if bias else None
+        raise_error(out, case)
         check_grad(out, wn, dw[:, cols], "the weight shard", case, W)
         if bias:
-            bn = find_param(out["params"], b, "the full bias", case)
             grad_or_off_by_w(out["grads"][bn], db, W, f"the bias gradient ({bn}; the full one on every rank)", case)
         if W > 1 and bias and torch.allclose(out["out"].double(), ref + (W - 1) * b.double(), atol=ATOL, rtol=RTOL):
             raise AssertionError(f"{case}: the output holds the bias W={W} times: add the full bias once, after the "
                                  "all-reduce (not on every rank before it)")
         assert_close(out["out"], ref, atol=ATOL, rtol=RTOL, what="output (the full one on every rank)", case=case)
+        own = torch.zeros_like(dx)   # this rank's columns of the full gradient, zeros elsewhere
+        own[..., cols] = dx[..., cols]
+        if not parallel_input and W > 1 and isinstance(out["dx"], torch.Tensor) and out["dx"].shape == dx.shape and \
+                torch.allclose(out["dx"].double(), own, atol=ATOL, rtol=RTOL):
+            raise AssertionError(f"{case}: the gradient of x holds only this rank's columns [{cols.start}, "
+                                 f"{cols.stop}) (zeros elsewhere): with input_is_parallel=False the backward must "
+                                 "all-gather the blocks' gradients into the full one")
         grad_or_off_by_w(out["dx"], dx[..., cols] if parallel_input else dx, W,
                          "the gradient of x" + (" (this rank's columns)" if parallel_input else " (all-gathered)"), case)
 
@@ -277,44 +324,78 @@ def test_row_parallel_full_input(W, bias, impl, seed):
     row_case(impl, seed, W, 12, 5, bias, False)
 
 
-def body_errors(rk, cases):
-    out = []
-    for build, layers, kwargs in cases:
-        handles = [rk.build_linear(w, b) for w, b in layers]
-        owner, _, method = build.partition(".")
+def body_refusal(rk, build, valid, refused, x):
+    """``build`` (a name of the implementation) on the ``valid`` neighbour's layers and that
+    module's forward on ``x`` (this rank's, when a list), then ``build`` on the ``refused``
+    layers: ``(("ok", output) or (exception type, message), (exception type, message))``.
+    ``valid`` and ``refused`` are ``(layers, kwargs)``, ``layers`` a list of (weight, bias)."""
+    owner, _, method = build.partition(".")
+    ctor = getattr(getattr(rk.impl, owner), method)
+    outcome = []
+    for i, (layers, kwargs) in enumerate((valid, refused)):
         try:
-            rk.call(getattr(getattr(rk.impl, owner), method), *handles, **kwargs)
-            out.append(("no error", ""))
+            m = rk.call(ctor, *[rk.build_linear(w, b) for w, b in layers], **kwargs).out
+            outcome.append(("ok", rk.call(m, x[rk.rank] if isinstance(x, list) else x).out) if i == 0
+                           else ("no error", ""))
         except Exception as e:  # noqa: BLE001 - the type and message are graded
-            out.append((type(e).__name__, str(e)))
-    return out
+            if type(e).__module__.startswith("harness."):
+                raise
+            outcome.append((type(e).__name__, str(e)))
+    return outcome
 
 
-ERRORS = [  # (what, build, layer sizes (in, out), kwargs, words the message must hold)
-    ("Column out_features=8 at W=3", "ColumnParallelLinear.from_linear", [(4, 8)], {}, ["out_features", "8"]),
-    ("Row in_features=8 at W=3", "RowParallelLinear.from_linear", [(8, 4)], {}, ["in_features", "8"]),
-    ("MLP fc1.out_features=8 at W=3", "ParallelMLP.from_mlp", [(6, 8), (8, 6)], {}, ["out_features", "8"]),
-    ("MLP fc2.in_features=9 != fc1.out_features=6", "ParallelMLP.from_mlp", [(6, 6), (9, 6)], {}, ["in_features", "9"]),
-    ("attention n_heads=4 at W=3", "ParallelAttention.from_attention", [(12, 36), (12, 12)], {"n_heads": 4},
-     ["n_heads", "4"]),
-    ("attention d=10 % n_heads=3", "ParallelAttention.from_attention", [(10, 30), (10, 10)], {"n_heads": 3},
-     ["n_heads", "3"]),
-    ("attention qkv.out_features=24 != 3d=36", "ParallelAttention.from_attention", [(12, 24), (12, 12)],
-     {"n_heads": 3}, ["out_features", "24"]),
-    ("attention proj.in_features=6 != d=12", "ParallelAttention.from_attention", [(12, 36), (6, 12)], {"n_heads": 3},
-     ["in_features", "6"]),
-]
+def refusal_case(impl, seed, build, valid, refused, words, oracle):
+    """One refusal at W = 3: first ``build`` on the ``valid`` neighbour (the same call with the
+    offending size made valid) must be accepted and its forward must equal ``oracle`` (a
+    function of the neighbour's float64 weights, x and the rank); then ``build`` on the
+    ``refused`` sizes must raise ValueError whose message holds ``words``. ``valid`` and
+    ``refused``: ``(sizes, kwargs)``, sizes a list of (in, out)."""
+    W = 3
+    case = f"{build}, W={W}, " + ", ".join(f"Linear({i}, {o})" for i, o in refused[0]) + \
+        "".join(f", {k}={v}" for k, v in refused[1].items())
+    neighbour = f"{build}, W={W}, " + ", ".join(f"Linear({i}, {o})" for i, o in valid[0]) + \
+        "".join(f", {k}={v}" for k, v in valid[1].items())
+    vl = [linear_weights(seed, i, o, salt=10 + n) for n, (i, o) in enumerate(valid[0])]
+    rl = [linear_weights(seed, i, o, salt=20 + n) for n, (i, o) in enumerate(refused[0])]
+    x = torch.randn(2, 3, valid[0][0][0], generator=gen(seed, "x-refusal", build))
+    sent = [x[..., blocks(x.shape[-1], W, r)].contiguous() for r in range(W)] if build.startswith("Row") else x
+    res = run(impl, W, body_refusal, build, (vl, valid[1]), (rl, refused[1]), sent)
+    for r, ((kind, out), (err, msg)) in enumerate(res):
+        assert kind == "ok", f"{neighbour}, rank {r} (the valid neighbour of {case}): raised {kind}: {out[:200]}; " \
+                             "only sizes that do not fit may be refused"
+        assert_close(out, oracle(vl, x, r), atol=ATOL, rtol=RTOL, case=f"{neighbour}, rank {r}",
+                     what=f"the output of the valid neighbour of {case} (checked before the refusal)")
+        assert err == "ValueError", f"{case}, rank {r}: " + ("nothing was raised" if err == "no error" else
+                                                             f"raised {err}: {msg[:200]}") + \
+            "; the contract's error for a size that does not fit is ValueError"
+        assert all(w in msg for w in words), f"{case}, rank {r}: the message {msg[:200]!r} must name the argument " \
+                                             f"and its value ({', '.join(words)})"
+
+
+def column_oracle(layers, x, r):
+    (w, b), = layers
+    return F.linear(x.double(), w.double(), b.double())[..., blocks(w.shape[0], 3, r)]
+
+
+def row_oracle(layers, x, r):
+    (w, b), = layers
+    return F.linear(x.double(), w.double(), b.double())
+
+
+# Refusals: id -> (build, (sizes, kwargs) of the valid neighbour, (sizes, kwargs) refused, words)
+LINEAR_REFUSALS = {
+    "column-out_features=10": ("ColumnParallelLinear.from_linear", ([(5, 9)], {}), ([(5, 10)], {}),
+                               ["out_features", "10"]),
+    "row-in_features=10": ("RowParallelLinear.from_linear", ([(9, 5)], {}), ([(10, 5)], {}), ["in_features", "10"]),
+}
 
 
 @pytest.mark.part("A")
-@pytest.mark.points(2)
-def test_sizes_that_do_not_fit_raise_value_error_naming_them(impl, seed):
-    cases = [(build, [linear_weights(seed, i, o) for i, o in sizes], kw) for _, build, sizes, kw, _ in ERRORS]
-    got = run(impl, 3, body_errors, cases)[0]
-    for (what, *_, words), (kind, msg) in zip(ERRORS, got):
-        assert kind == "ValueError", f"{what}: {kind} {msg[:200]}, expected ValueError"
-        assert all(w in msg for w in words), f"{what}: the message {msg[:200]!r} must name the argument and value " \
-                                             f"({', '.join(words)})"
+@pytest.mark.points(1)
+@pytest.mark.parametrize("which", LINEAR_REFUSALS)
+def test_from_linear_refuses_a_split_not_divisible_by_W(which, impl, seed):
+    build, valid, refused, words = LINEAR_REFUSALS[which]
+    refusal_case(impl, seed, build, valid, refused, words, column_oracle if which.startswith("column") else row_oracle)
 
 
 # ----------------------------------------------------------------------------- Part B
@@ -336,6 +417,46 @@ def attention_ref(n_heads, causal):
     return f
 
 
+def blocks_oracle(ref):
+    """An oracle for :func:`refusal_case` from a float64 reference of the unsharded block."""
+    return lambda layers, x, r: ref(x.double(), *(t.double() for w, b in layers for t in (w, b)))
+
+
+MLP_REFUSALS = {
+    "fc1.out_features=10": (([(7, 12), (12, 7)], {}), ([(7, 10), (10, 7)], {}), ["out_features", "10"]),
+    "fc2.in_features=9-not-fc1.out_features=6": (([(7, 6), (6, 7)], {}), ([(7, 6), (9, 7)], {}),
+                                                  ["in_features", "9"]),
+}
+
+
+@pytest.mark.part("B")
+@pytest.mark.points(1)
+@pytest.mark.parametrize("which", MLP_REFUSALS)
+def test_from_mlp_refuses_sizes_that_do_not_fit(which, impl, seed):
+    valid, refused, words = MLP_REFUSALS[which]
+    refusal_case(impl, seed, "ParallelMLP.from_mlp", valid, refused, words, blocks_oracle(mlp_ref()))
+
+
+ATTENTION_REFUSALS = {  # d = qkv.in_features
+    "n_heads=5": (([(30, 90), (30, 30)], {"n_heads": 6}), ([(30, 90), (30, 30)], {"n_heads": 5}), ["n_heads", "5"]),
+    "d=14-n_heads=3": (([(15, 45), (15, 15)], {"n_heads": 3}), ([(14, 42), (14, 14)], {"n_heads": 3}),
+                       ["n_heads", "3"]),
+    "qkv.out_features=33": (([(12, 36), (12, 12)], {"n_heads": 3}), ([(12, 33), (12, 12)], {"n_heads": 3}),
+                            ["out_features", "33"]),
+    "proj.in_features=9": (([(12, 36), (12, 12)], {"n_heads": 3}), ([(12, 36), (9, 12)], {"n_heads": 3}),
+                           ["in_features", "9"]),
+}
+
+
+@pytest.mark.part("B")
+@pytest.mark.points(0.5)
+@pytest.mark.parametrize("which", ATTENTION_REFUSALS)
+def test_from_attention_refuses_sizes_that_do_not_fit(which, impl, seed):
+    valid, refused, words = ATTENTION_REFUSALS[which]
+    refusal_case(impl, seed, "ParallelAttention.from_attention", valid, refused, words,
+                 blocks_oracle(attention_ref(valid[1]["n_heads"], True)))
+
+
 def mlp_case(impl, seed, W, d=8, hidden=16, B=2, L=3, members=None, activation=None, strided=False):
     """``activation``: a dotted name in ``ACTIVATIONS`` passed to ``from_mlp`` (None: its
     default, GELU); ``strided``: x and grad_output sent as non-contiguous views."""
@@ -353,19 +474,60 @@ def mlp_case(impl, seed, W, d=8, hidden=16, B=2, L=3, members=None, activation=N
         case = f"ParallelMLP, W={W}, rank {r}" + ("" if members is None else f" of group {members} (world rank {g})")
         case += (f", activation={activation.rsplit('.', 1)[1]}" if activation else "") + \
             (", non-contiguous x and gradient" if strided else "")
+        world_rows = [(w1[blocks(hidden, world, g)], f"the rows of a split over the whole world (W={world}), not "
+                       f"over the group (W={W})")] if members is not None else ()
+        shards = [(find_param(out["params"], want, f"{what} [{h.start}, {h.stop})", case,
+                              hints=world_rows if what == "fc1 weight rows" else ()), grad, what)
+                  for want, grad, what in ((w1[h], dw1[h], "fc1 weight rows"), (b1[h], db1[h], "fc1 bias entries"),
+                                           (w2[:, h], dw2[:, h], "fc2 weight input columns"))]
+        bn = find_param(out["params"], b2, "the full fc2 bias", case)
+        raise_error(out, case)
         if gelu_ref is not None and torch.allclose(out["out"].double(), gelu_ref, atol=ATOL, rtol=RTOL):
             raise AssertionError(f"{case}: the output is the GELU MLP's: the activation argument of from_mlp "
                                  "is ignored (GELU hard-coded)")
-        for want, grad, what in ((w1[h], dw1[h], "fc1 weight rows"), (b1[h], db1[h], "fc1 bias entries"),
-                                 (w2[:, h], dw2[:, h], "fc2 weight input columns")):
-            check_grad(out, find_param(out["params"], want, f"{what} [{h.start}, {h.stop})", case), grad, what, case, W)
-        bn = find_param(out["params"], b2, "the full fc2 bias", case)
+        for name, grad, what in shards:
+            check_grad(out, name, grad, what, case, W)
         grad_or_off_by_w(out["grads"][bn], db2, W, "the fc2 bias gradient", case)
         if W > 1 and torch.allclose(out["out"].double(), ref + (W - 1) * b2.double(), atol=ATOL, rtol=RTOL):
             raise AssertionError(f"{case}: the output holds fc2's bias W={W} times: add it once, after the all-reduce")
         assert_close(out["out"], ref, atol=ATOL, rtol=RTOL, what="output", case=case)
         grad_or_off_by_w(out["dx"], dx, W, "the gradient of x", case)
     return res, (B * L * d)
+
+
+def global_heads_ref(x, wq, bq, wp, bp, n_heads, W, causal, fold):
+    """Float64 output of the attention block whose rank r views its q, k and v, ``(B, L, d/W)``
+    each, with the global head count ``n_heads``: ``fold="L"`` as ``(B, -1, n_heads, D)`` (runs
+    when W divides L), ``fold="D"`` as ``(B, L, n_heads, -1)`` (runs when W divides D). None
+    where that reshape would fail."""
+    B, L, d = x.shape
+    D, n = d // n_heads, d // W
+    if (fold == "L" and L % W) or (fold == "D" and D % W):
+        return None
+    y = bp.double()
+    for r in range(W):
+        rows = qkv_rows(d, W, r)
+        t = F.linear(x.double(), wq[rows].double(), bq[rows].double())
+        shape = (B, -1, n_heads, D) if fold == "L" else (B, L, n_heads, -1)
+        q, k, v = (u.reshape(shape).transpose(1, 2) for u in t.split(n, -1))
+        o = F.scaled_dot_product_attention(q, k, v, is_causal=causal).transpose(1, 2).reshape(B, L, n)
+        y = y + F.linear(o, wp[:, r * n:(r + 1) * n].double())
+    return y
+
+
+def check_heads_are_local(got, ref, x, layers, n_heads, W, causal, case):
+    """Names the bug when ``got`` (a rank's output) is not ``ref`` but the output of heads
+    reshaped with the global head count (:func:`global_heads_ref`)."""
+    if W == 1 or not isinstance(got, torch.Tensor) or got.shape != ref.shape or \
+            torch.allclose(got.double(), ref, atol=ATOL, rtol=RTOL):
+        return
+    B, L, d = x.shape
+    for fold, view in (("L", f"(B, -1, n_heads={n_heads}, D)"), ("D", f"(B, L, n_heads={n_heads}, -1)")):
+        bug = global_heads_ref(x, *layers, n_heads, W, causal, fold)
+        if bug is not None and torch.allclose(got.double(), bug, atol=ATOL, rtol=RTOL):
+            raise AssertionError(f"{case}, B={B}, L={L}, d={d}: the heads were reshaped with the global head count: "
+                                 f"the output is that of q, k and v viewed {view}; a rank holds n_heads/W = "
+                                 f"{n_heads // W} heads, its q, k, v are (B, L, d/W): view them (B, L, n_heads/W, D)")
 
 
 def attention_case(impl, seed, W, causal, d=16, n_heads=4, B=2, L=5, strided=False):
@@ -387,13 +549,15 @@ def attention_case(impl, seed, W, causal, d=16, n_heads=4, B=2, L=5, strided=Fal
                  (wq[robin], "heads assigned round-robin (rank r holds heads [r*H/W, (r+1)*H/W), in blocks)")] \
             if W > 1 else []
         qn = find_rows(out["params"], wq[rows], "qkv weight rows of this rank's heads", case, hints=hints)
-        check_grad(out, qn, dwq[rows], "the qkv weight shard", case, W)
         bn = find_rows(out["params"], bq[rows], "qkv bias entries of this rank's heads", case)
-        check_grad(out, bn, dbq[rows], "the qkv bias shard", case, W)
         cols = blocks(d, W, r)
         pn = find_param(out["params"], wp[:, cols], f"proj weight input columns [{cols.start}, {cols.stop})", case)
-        check_grad(out, pn, dwp[:, cols], "the proj weight shard", case, W)
         ppn = find_param(out["params"], bp, "the full proj bias", case)
+        raise_error(out, case)
+        check_heads_are_local(out["out"], ref, x, (wq, bq, wp, bp), n_heads, W, causal, case)
+        check_grad(out, qn, dwq[rows], "the qkv weight shard", case, W)
+        check_grad(out, bn, dbq[rows], "the qkv bias shard", case, W)
+        check_grad(out, pn, dwp[:, cols], "the proj weight shard", case, W)
         grad_or_off_by_w(out["grads"][ppn], dbp, W, "the proj bias gradient", case)
         assert_close(out["out"], ref, atol=ATOL, rtol=RTOL, what="output", case=case)
         grad_or_off_by_w(out["dx"], dx, W, "the gradient of x", case)
@@ -440,6 +604,16 @@ def test_group_is_honoured(impl, seed):
                          ids=["W1-causal", "W2-causal", "W4-causal", "W2-not-causal"])
 def test_parallel_attention_matches_the_unsharded_block(W, causal, impl, seed):
     attention_case(impl, seed, W, causal)
+
+
+@pytest.mark.part("B")
+@pytest.mark.points(2)
+@pytest.mark.parametrize("W, L", [(2, 6), (4, 8)], ids=["W2-L6", "W4-L8"])
+def test_parallel_attention_reshapes_into_this_ranks_heads(W, L, impl, seed):
+    """L a multiple of W (and D = 5 odd): here a view of this rank's q, k, v ``(B, L, d/W)`` with
+    the global head count, ``(B, -1, n_heads, D)``, runs without error and folds the sequence
+    into the heads; the output must still be the unsharded block's."""
+    attention_case(impl, seed, W, True, d=20, n_heads=4, B=1, L=L)
 
 
 # ----------------------------------------------------------------------------- Part C
@@ -496,6 +670,7 @@ def test_parameters_hold_one_wth_in_storages_of_their_own(kind, W, impl, seed):
     want = expected_bytes(kind, W, d, hidden)
     for r, out in enumerate(res):
         case = f"{build.split('.')[0]}, W={W}, rank {r}"
+        raise_error(out, case)
         held = sum(p.numel() * p.element_size() for p in out["params"].values())
         assert held == want, f"{case}: the parameters hold {held} bytes, expected {want} (1/W of each sharded weight " \
                              "and column-parallel bias, plus the full row-parallel bias)"

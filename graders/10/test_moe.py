@@ -5,7 +5,7 @@ seed and compares them with float64 recomputations here (routing logits on a coa
 force ties; continuous logits with a margin between neighbouring probabilities, so that float32
 rounding cannot reorder them). Part B builds the implementation's ``MoE``, loads weights drawn
 here into it (the contract's names: ``router.weight``, ``experts.{e}.w1/w2/w3.weight``) and
-compares output, aux loss and every gradient with a dense float64 per-token reference
+compares the output and every gradient with a dense float64 per-token reference
 (:func:`reference`); its cost test counts the forward's FLOPs next to the code
 (``FlopCounterMode``) on a routing designed so that every expert gets ``T*k/E`` tokens. Part C
 runs ``ExpertParallelMoE`` on W gloo ranks: each rank builds the MoE with the same weights,
@@ -13,17 +13,27 @@ except that the experts of *other* ranks hold NaN (a rank may use only its own),
 ``from_moe`` and runs one forward and backward; the parent compares every rank with the
 reference on the union of the ranks' tokens and reads the collectives from the c10d event log
 (an all-to-all's ``sent``: the elements sent to other ranks, its own split left out).
+
+One deviation, charged once: ``y`` with the gradients of a loss on ``y`` alone, and the aux loss
+with the gradients of a loss on it alone, are graded by separate tests (in Parts B and C). The
+layer's aux loss is graded as the contract's composition, ``load_balancing_loss`` of the routing:
+where the submission's own ``load_balancing_loss`` deviates (Part A charges it), the layer's
+aux loss may equal what that function gives (:func:`own_aux`). Part A's balanced and gradient
+tests run at k = 1, where f_e's normalisation (the formula test's) cannot matter. A refusal
+(ValueError) is credited only next to a right answer of the same call on a valid neighbour.
 """
 from __future__ import annotations
 
 import hashlib
 import math
+import re
 
 import pytest
 import torch
 import torch.nn.functional as F
 
-from harness.toolkit import assert_close, checked, expect_raises, measure, param_grads, run_ranks, vjp
+from harness.toolkit import (SandboxError, assert_close, checked, expect_raises, measure, param_grads, run_ranks,
+                              vjp)
 
 ATOL = RTOL = 1e-5        # float32 on CPU
 GATE_ATOL = 1e-6          # gates and the aux loss: a softmax and a division in float32
@@ -263,9 +273,12 @@ def test_route_gates_gradient_reaches_the_logits(impl, seed):
 
 @pytest.mark.part("A")
 def test_route_rejects_k_out_of_range(impl, seed):
-    logits = torch.randn(5, 4, generator=gen(seed, "route-k"))
-    for k in (0, 5):
-        expect_raises(ValueError, f"route(logits (5, 4), k={k}): k must be in [1, E=4]", impl.route, logits, k)
+    """k = 0 and k = E + 1 are refused; their neighbours k = 1 and k = E, on the same logits,
+    are routed right (a refusal counts only next to the accepted call)."""
+    logits = continuous_logits(gen(seed, "route-k"), 5, 4, 4)
+    for bad, good in ((0, 1), (5, 4)):
+        check_route(impl.route(logits, good), logits, good, f"T=5, E=4, k={good} (the valid neighbour of k={bad})")
+        expect_raises(ValueError, f"route(logits (5, 4), k={bad}): k must be in [1, E=4]", impl.route, logits, bad)
 
 
 # ----------------------------------------------------------------------------- Part A: load-balancing loss
@@ -276,6 +289,23 @@ def lb_oracle(probs, idx, E):
     return E * (f * probs.double().mean(0)).sum(), f
 
 
+def aux_bug_classes(want, probs, idx, E) -> list:
+    """(value, words) of the aux loss's bug classes, given the right value ``want``, the router
+    probabilities ``probs (T, E)`` and the routed experts ``idx (T, k)``."""
+    k = idx.shape[1]
+    f = lb_oracle(probs, idx, E)[1]
+    twice = E * (f * torch.softmax(probs.double(), -1).mean(0)).sum()
+    out = [(want / E, f"the aux loss misses the factor E={E} (Switch: E * sum_e f_e P_e, 1.0 when balanced)"),
+           (twice, "the aux loss is computed on softmax(softmax(logits)): the router probabilities went through a "
+                   "second softmax (P_e is the mean of the probabilities themselves; a function that takes logits, "
+                   "like Hugging Face's load_balancing_loss_func, must not be given probabilities)")]
+    if k > 1:
+        out.append((want * k, f"f_e must be the fraction of the T*k assignments sent to expert e (of T*k, not T: "
+                              f"normalised by the T tokens, as Hugging Face's load_balancing_loss_func does, the loss "
+                              f"is k={k} times the contract's, k at balance instead of 1.0)"))
+    return out
+
+
 def check_lb(got, probs, idx, E, case):
     want, f = lb_oracle(probs, idx, E)
     assert isinstance(got, torch.Tensor) and got.dim() == 0 and got.dtype == probs.dtype, (
@@ -283,13 +313,9 @@ def check_lb(got, probs, idx, E, case):
         f"{getattr(got, 'dtype', type(got).__name__)} of shape {tuple(getattr(got, 'shape', ()))}")
     tol = dict(atol=GATE_ATOL, rtol=RTOL)
     if not matches(got, want, **tol):
-        k = idx.shape[1]
-        if matches(got, want / E, **tol):
-            raise AssertionError(f"the aux loss misses the factor E={E} (Switch: E * sum_e f_e P_e, 1.0 when "
-                                 f"balanced) ({case}): got {got.item():.6g}, expected {want.item():.6g}")
-        if k > 1 and matches(got, want * k, **tol):
-            raise AssertionError(f"f_e must be the fraction of the T*k assignments sent to expert e (of T*k, not T) "
-                                 f"({case}): got {got.item():.6g}, expected {want.item():.6g}")
+        for alt, words in aux_bug_classes(want, probs, idx, E):
+            if matches(got, alt, **tol):
+                raise AssertionError(f"{words} ({case}): got {got.item():.6g}, expected {want.item():.6g}")
     assert_close(got, want, **tol, case=case, what="load_balancing_loss = E * sum_e f_e * P_e")
 
 
@@ -305,8 +331,10 @@ def test_load_balancing_loss_matches_switch_formula(impl, seed):
 
 @pytest.mark.part("A")
 def test_load_balancing_loss_is_one_when_balanced(impl, seed):
+    """At k = 1, so that only "1.0 when balanced" is graded here: f_e's normalisation (the T*k
+    assignments) is the formula test's."""
     g = gen(seed, "lb-one")
-    T, E, k = 24, 6, 2
+    T, E, k = 24, 6, 1
     idx = balanced_choice(g, T, E, k)                        # f_e = 1/E: the loss is sum_e P_e = 1
     probs = torch.softmax(torch.randn(T, E, generator=g), -1)
     uniform = torch.full((T, E), 1.0 / E)                     # P_e = 1/E: the loss is sum_e f_e = 1
@@ -321,8 +349,9 @@ def test_load_balancing_loss_is_one_when_balanced(impl, seed):
 
 @pytest.mark.part("A")
 def test_load_balancing_loss_gradient_reaches_probs(impl, seed):
+    """At k = 1, where f_e's normalisation (graded by the formula test) cannot matter."""
     g = gen(seed, "lb-grad")
-    T, E, k = 11, 4, 2
+    T, E, k = 11, 4, 1
     probs = torch.softmax(torch.randn(T, E, generator=g), -1)
     idx = torch.argsort(torch.rand(T, E, generator=g), -1)[:, :k]
     gout = torch.randn((), generator=g)
@@ -337,8 +366,12 @@ def test_load_balancing_loss_gradient_reaches_probs(impl, seed):
 
 @pytest.mark.part("A")
 def test_load_balancing_loss_rejects_wrong_num_experts(impl, seed):
-    probs = torch.softmax(torch.randn(6, 4, generator=gen(seed, "lb-e")), -1)
-    idx = torch.zeros(6, 1, dtype=torch.int64)
+    """num_experts=5 for probs (6, 4) is refused; the same call with num_experts=4 is right."""
+    g = gen(seed, "lb-e")
+    probs = torch.softmax(torch.randn(6, 4, generator=g), -1)
+    idx = torch.argsort(torch.rand(6, 4, generator=g), -1)[:, :1]
+    check_lb(impl.load_balancing_loss(probs, idx, 4), probs, idx, 4, "T=6, E=4, k=1 (the valid neighbour of "
+             "num_experts=5)")
     expect_raises(ValueError, "load_balancing_loss(probs (6, 4), idx, num_experts=5)", impl.load_balancing_loss,
                   probs, idx, 5)
 
@@ -367,6 +400,10 @@ def test_capacity_is_ceil_of_the_float_expression(impl, seed):
 
 
 # ----------------------------------------------------------------------------- Part B: the layer
+#
+# y, the gradients of a loss on y alone (g_aux = 0) and the aux loss (its value, and the gradients
+# of a loss on it alone) are graded by separate tests, so that one deviation costs its own
+# points only: a wrong aux loss never fails a test of y, and a wrong y never fails the aux tests.
 
 def build_moe(impl, state, d, dff, E, k, cf, dtype=None):
     m = impl.MoE(d, dff, E, k=k, capacity_factor=cf)
@@ -376,25 +413,90 @@ def build_moe(impl, state, d, dff, E, k, cf, dtype=None):
     return m
 
 
-def check_layer(out, ref, case, variants=(), atol=ATOL, rtol=RTOL):
-    """``out = (y, aux)`` against the reference; ``variants``: (reference of a bug class, words)."""
+def split_out(out, case) -> tuple:
     if not (isinstance(out, tuple) and len(out) == 2):
         raise AssertionError(f"MoE.forward must return (y, aux_loss) ({case}), got {type(out).__name__}")
-    y, aux = out
-    want = ref["y"][0]
+    return out
+
+
+def check_y(out, ref, case, variants=(), atol=ATOL, rtol=RTOL):
+    """``out = (y, aux)``: ``y`` against the reference; ``variants``: (reference of a bug class, words)."""
+    y, want = split_out(out, case)[0], ref["y"][0]
     if not matches(y, want, atol, rtol):
         for alt, words in variants:
             if matches(y, alt["y"][0], atol, rtol):
                 raise AssertionError(f"{words} ({case})")
     assert_close(y, want, atol=atol, rtol=rtol, case=case, what="y (sum over the kept assignments of gate * expert(x))")
+
+
+def own_aux(impl, state, xs, idx, E, gaux=None):
+    """The aux loss as the submission's own ``load_balancing_loss`` computes it on the contract's
+    routing of ``torch.cat(xs)`` (float32 probabilities, the reference's ``idx``): ``{"aux"}`` and,
+    given ``gaux``, the gradients that function implies (its gradient of ``probs``, chained here
+    in float64 through the softmax and the router): ``"router"`` and ``"dx"``, one per block of
+    ``xs``. None when the function fails.
+
+    The layer's aux loss is that function of the routing (the contract's composition). Where the
+    function itself deviates (a wrong factor, a second softmax), Part A's tests charge it, and the
+    layer's aux loss is graded against what the function gives: one deviation, charged once."""
+    grad = gaux is not None
+    routers = [state["router.weight"].double().requires_grad_(grad) for _ in xs]
+    xs64 = [x.double().requires_grad_(grad) for x in xs]
+    probs = torch.softmax(torch.cat([x @ R.T for x, R in zip(xs64, routers)]), -1)
+    p32, gp = probs.detach().float(), None
+    try:
+        value = impl.load_balancing_loss(p32, idx, E)
+        if grad:
+            try:
+                gp = vjp(impl.load_balancing_loss, (p32, idx, E), torch.as_tensor(float(gaux)),
+                         requires_grad=(True, False, False)).grads[0]
+            except AssertionError:  # its output carries no gradient: none reaches probs
+                gp = None
+    except SandboxError:  # the worker failed: not the submission's answer
+        raise
+    except Exception:  # noqa: BLE001 - a function that fails (or is missing) defers nothing
+        return None
+    if not (isinstance(value, torch.Tensor) and value.dim() == 0):
+        return None
+    out = {"aux": value.detach().double()}
+    if grad:
+        gp = gp if isinstance(gp, torch.Tensor) and gp.shape == probs.shape else torch.zeros_like(probs)
+        probs.backward(gp.double())
+        out["router"] = [R.grad for R in routers]
+        out["dx"] = [x.grad for x in xs64]
+    return out
+
+
+def aux_variants(state, xs, ref, k, E) -> list:
+    """(value, words) of the layer's aux-loss bug classes on ``torch.cat(xs)``: the loss's own
+    (:func:`aux_bug_classes`) and counting the assignments kept after capacity drops."""
+    probs = torch.softmax(torch.cat(xs).double() @ state["router.weight"].double().T, -1)
+    T = probs.shape[0]
+    after = E * ((ref["keep"].double().sum(0) / (T * k)) * probs.mean(0)).sum()
+    out = aux_bug_classes(ref["aux"], probs, ref["idx"], E)
+    if not torch.equal(ref["keep"], torch.zeros_like(ref["keep"]).scatter(1, ref["idx"], True)):
+        out.append((after, "the aux loss counts the assignments after capacity drops: f_e is over the routed "
+                           "assignments, before drops"))
+    return out
+
+
+def check_aux(aux, want, case, own=None, variants=()):
+    """``aux`` against the aux loss ``want`` (a 0-dim float32 tensor), or else against ``own()``
+    (:func:`own_aux`'s value: the submission's own load_balancing_loss of the same routing);
+    ``variants``: (value of a bug class, words)."""
     assert isinstance(aux, torch.Tensor) and aux.dim() == 0 and aux.dtype == torch.float32, (
         f"aux_loss must be a 0-dim float32 tensor ({case}); got {getattr(aux, 'dtype', type(aux).__name__)} "
         f"{tuple(getattr(aux, 'shape', ()))}")
+    if matches(aux, want, GATE_ATOL, RTOL):
+        return
+    mine = own() if own is not None else None
+    if mine is not None and matches(aux, mine, GATE_ATOL, RTOL):
+        return
     for alt, words in variants:
-        if not matches(aux, ref["aux"], GATE_ATOL, RTOL) and matches(aux, alt["aux"], GATE_ATOL, RTOL):
-            raise AssertionError(f"{words} ({case})")
-    assert_close(aux, ref["aux"], atol=GATE_ATOL, rtol=RTOL, case=case,
-                 what="aux_loss (load_balancing_loss of softmax(router(x)) over the routed assignments)")
+        if matches(aux, alt, GATE_ATOL, RTOL):
+            raise AssertionError(f"{words} ({case}): got {aux.item():.6g}, expected {want.item():.6g}")
+    assert_close(aux, want, atol=GATE_ATOL, rtol=RTOL, case=case,
+                 what="aux_loss (load_balancing_loss of softmax(router(x).float()) over the routed assignments)")
 
 
 def unweighted(state, xs, k, cf, E):
@@ -415,23 +517,21 @@ def test_moe_matches_dense_reference(T, E, k, impl, seed):
     x = draw_tokens(g, T, d, state["router.weight"], k)
     ref = reference(state, [x], k, None, E)
     out = build_moe(impl, state, d, dff, E, k, None)(x)
-    check_layer(out, ref, f"T={T}, d_model={d}, d_ff={dff}, E={E}, k={k}, no capacity",
-                variants=[unweighted(state, [x], k, None, E)])
+    check_y(out, ref, f"T={T}, d_model={d}, d_ff={dff}, E={E}, k={k}, no capacity",
+            variants=[unweighted(state, [x], k, None, E)])
 
 
-def check_grads(res, grads, ref, E, case, y_only=None, aux_only=None):
-    assert_close(res.grads[0], ref["dx"][0], atol=1e-4, rtol=1e-4, case=case, what="the gradient of x")
-    got = grads.get("router.weight")
+def check_grads(res, grads, ref, E, case):
+    """The gradients of a loss on y alone: the router's (through the gates; first, as x's goes
+    through it too), x's and every expert's."""
     want = ref["router"][0]
-    assert got is not None, f"router.weight has no gradient ({case}): the gates and the aux loss must reach it"
-    if not matches(got, want, 1e-4, 1e-4):
-        if y_only is not None and matches(got, y_only["router"][0], 1e-4, 1e-4):
-            raise AssertionError(f"the aux loss's gradient does not reach the router ({case}): aux_loss must be "
-                                 "computed from softmax(router(x)), not detached")
-        if aux_only is not None and matches(got, aux_only["router"][0], 1e-4, 1e-4):
-            raise AssertionError(f"the gradient of y does not reach the router ({case}): the gates must stay in "
-                                 "the autograd graph (not detached, not replaced by counts)")
-    assert_close(got, want, atol=1e-4, rtol=1e-4, case=case, what="the gradient of router.weight")
+    got = grads.get("router.weight")
+    got = torch.zeros_like(want) if got is None else got
+    if not matches(got, want, 1e-4, 1e-4) and matches(got, torch.zeros_like(want), 1e-4, 1e-4):
+        raise AssertionError(f"the gradient of y does not reach the router ({case}): the gates must stay in the "
+                             "autograd graph (not detached, not replaced by counts)")
+    assert_close(got, want, atol=1e-4, rtol=1e-4, case=case, what="the gradient of router.weight (through the gates)")
+    assert_close(res.grads[0], ref["dx"][0], atol=1e-4, rtol=1e-4, case=case, what="the gradient of x")
     for e in range(E):
         for w in WEIGHTS:
             name = f"experts.{e}.{w}.weight"
@@ -440,25 +540,90 @@ def check_grads(res, grads, ref, E, case, y_only=None, aux_only=None):
                          what=f"the gradient of {name}")
 
 
+def y_grad_case(impl, g, state, x, k, cf, E):
+    """Forward and backward of the layer with a random gradient of y and none of the aux loss."""
+    T, d = x.shape
+    gy = torch.randn(T, d, generator=g)
+    ref = reference(state, [x], k, cf, E, [gy], 0.0)
+    m = build_moe(impl, state, d, state["experts.0.w1.weight"].shape[0], E, k, cf)
+    res = vjp(m, (x,), (gy, torch.zeros(())), requires_grad=(True,))
+    return m, res, ref
+
+
 @pytest.mark.part("B")
 @pytest.mark.points(3)
 @pytest.mark.parametrize("T, E, k", LAYER_CASES[:4], ids=[f"T{t}-E{e}-k{k}" for t, e, k in LAYER_CASES[:4]])
 def test_moe_gradients_match_dense_reference(T, E, k, impl, seed):
-    """x, router and expert gradients with a random gradient of y and of the aux loss (at k=1 every
-    gate is 1: the router learns through the aux loss only)."""
+    """x, router and expert gradients of a loss on y alone (g_aux = 0; the aux loss's gradient is
+    graded by test_moe_aux_loss_gradient_reaches_the_router). At k = 1 every gate is 1: y gives
+    the router no gradient."""
     d, dff = 12, 20
     g = gen(seed, "layer-grad", T, E, k)
     state = make_state(g, d, dff, E)
     x = draw_tokens(g, T, d, state["router.weight"], k)
-    gy, gaux = torch.randn(T, d, generator=g), torch.randn((), generator=g)
-    ref = reference(state, [x], k, None, E, [gy], gaux)
-    y_only = reference(state, [x], k, None, E, [gy], 0.0)
-    aux_only = reference(state, [x], k, None, E, [torch.zeros(T, d)], gaux)
-    m = build_moe(impl, state, d, dff, E, k, None)
-    res = vjp(m, (x,), (gy, gaux), requires_grad=(True,))
+    m, res, ref = y_grad_case(impl, g, state, x, k, None, E)
     case = f"T={T}, d_model={d}, E={E}, k={k}"
-    checked(res.out, lambda out: check_layer(out, ref, case), prop="the gradients")
-    check_grads(res, param_grads(m), ref, E, case, y_only, aux_only if k > 1 else None)
+    checked(res.out, lambda out: check_y(out, ref, case), prop="the gradients")
+    check_grads(res, param_grads(m), ref, E, case)
+
+
+AUX_CASES = [(18, 4, 1, None), (26, 6, 2, None), (22, 5, 3, None), (30, 6, 2, 0.6)]
+
+
+@pytest.mark.part("B")
+@pytest.mark.points(3)
+def test_moe_aux_loss_is_the_routed_load_balancing_loss(impl, seed):
+    """aux_loss = load_balancing_loss(softmax(router(x).float()), expert_idx, E) over the routed
+    assignments, before capacity drops (the last case drops some). Graded as that composition:
+    where the submission's own load_balancing_loss deviates (Part A charges it), the layer's aux
+    loss may equal what that function gives."""
+    d, dff = 10, 12
+    for T, E, k, cf in AUX_CASES:
+        g = gen(seed, "aux", T, E, k, cf)
+        state = make_state(g, d, dff, E)
+        if cf is None:
+            x = draw_tokens(g, T, d, state["router.weight"], k)
+            ref = reference(state, [x], k, cf, E)
+        else:
+            x, ref = dropping_tokens(g, state, T, d, k, cf, E)
+        case = f"T={T}, d_model={d}, E={E}, k={k}" + (f", capacity_factor={cf}, {T * k - int(ref['keep'].sum())} "
+                                                      f"of {T * k} assignments dropped" if cf else "")
+        aux = split_out(build_moe(impl, state, d, dff, E, k, cf)(x), case)[1]
+        check_aux(aux, ref["aux"], case, own=lambda: (own_aux(impl, state, [x], ref["idx"], E) or {}).get("aux"),
+                  variants=aux_variants(state, [x], ref, k, E))
+
+
+@pytest.mark.part("B")
+@pytest.mark.points(2)
+def test_moe_aux_loss_gradient_reaches_the_router(impl, seed):
+    """The gradients of a loss on the aux loss alone (g_y = 0): the router's and x's, through
+    softmax(router(x)) (f_e is a count, a constant). At k = 1 this is all the router learns."""
+    d, dff = 10, 12
+    for T, E, k in [(14, 4, 1), (21, 6, 2)]:
+        g = gen(seed, "aux-grad", T, E, k)
+        state = make_state(g, d, dff, E)
+        x = draw_tokens(g, T, d, state["router.weight"], k)
+        gaux = torch.randn((), generator=g)
+        gy = torch.zeros(T, d)
+        ref = reference(state, [x], k, None, E, [gy], gaux)
+        m = build_moe(impl, state, d, dff, E, k, None)
+        res = vjp(m, (x,), (gy, gaux), requires_grad=(True,))
+        case = f"T={T}, d_model={d}, E={E}, k={k}, a loss on the aux loss alone"
+        aux, want = split_out(res.out, case)[1], ref
+        if isinstance(aux, torch.Tensor) and not matches(aux, ref["aux"], GATE_ATOL, RTOL):
+            own = own_aux(impl, state, [x], ref["idx"], E, gaux)
+            if own is not None and matches(aux, own["aux"], GATE_ATOL, RTOL):
+                want = own            # the submission's load_balancing_loss deviates: Part A charges it
+        checked(aux, lambda a: check_aux(a, want["aux"], case, variants=aux_variants(state, [x], ref, k, E)),
+                prop="the aux loss's gradient")
+        got = param_grads(m).get("router.weight")
+        if got is None or (not got.abs().any() and want["router"][0].abs().max() > 1e-4):
+            raise AssertionError(f"the aux loss's gradient does not reach the router ({case}): aux_loss must be "
+                                 "computed from softmax(router(x)) in the autograd graph, not detached")
+        assert_close(got, want["router"][0], atol=1e-4, rtol=1e-4, case=case,
+                     what="the gradient of router.weight through the aux loss")
+        assert_close(res.grads[0], want["dx"][0], atol=1e-4, rtol=1e-4, case=case,
+                     what="the gradient of x through the aux loss (x -> router -> softmax -> P_e)")
 
 
 CAP_CASES = [(32, 4, 1, 0.75), (32, 4, 2, 1.0), (36, 6, 2, 0.5), (30, 5, 3, 0.8)]
@@ -505,31 +670,21 @@ def test_capacity_drops_the_later_tokens(T, E, k, cf, impl, seed):
     case = f"T={T}, d_model={d}, E={E}, k={k}, capacity_factor={cf} (capacity {C}), " \
            f"{T * k - int(ref['keep'].sum())} of {T * k} assignments dropped"
     out = build_moe(impl, state, d, dff, E, k, cf)(x)
-    aux_alt = dict(ref, aux=_aux_after_drops(state, x, ref, k, E))
-    check_layer(out, ref, case, variants=capacity_variants(state, [x], k, cf, E) + [
-        (aux_alt, "the aux loss counts the assignments after capacity drops: f_e is over the routed assignments, "
-                  "before drops")])
-
-
-def _aux_after_drops(state, x, ref, k, E):
-    probs = torch.softmax(x.double() @ state["router.weight"].double().T, -1)
-    return E * ((ref["keep"].double().sum(0) / (x.shape[0] * k)) * probs.mean(0)).sum()
+    check_y(out, ref, case, variants=capacity_variants(state, [x], k, cf, E))
 
 
 @pytest.mark.part("B")
 @pytest.mark.points(2)
 @pytest.mark.parametrize("T, E, k, cf", CAP_CASES[1:3], ids=CAP_IDS[1:3])
 def test_capacity_gradients_match_dense_reference(T, E, k, cf, impl, seed):
+    """The gradients of a loss on y alone, with drops: a dropped assignment gives nothing back."""
     d, dff = 10, 16
     g = gen(seed, "cap-grad", T, E, k, cf)
     state = make_state(g, d, dff, E)
     x, _ = dropping_tokens(g, state, T, d, k, cf, E)
-    gy, gaux = torch.randn(T, d, generator=g), torch.randn((), generator=g)
-    ref = reference(state, [x], k, cf, E, [gy], gaux)
-    m = build_moe(impl, state, d, dff, E, k, cf)
-    res = vjp(m, (x,), (gy, gaux), requires_grad=(True,))
+    m, res, ref = y_grad_case(impl, g, state, x, k, cf, E)
     case = f"T={T}, E={E}, k={k}, capacity_factor={cf}"
-    checked(res.out, lambda out: check_layer(out, ref, case, variants=capacity_variants(state, [x], k, cf, E)),
+    checked(res.out, lambda out: check_y(out, ref, case, variants=capacity_variants(state, [x], k, cf, E)),
             prop="the gradients")
     check_grads(res, param_grads(m), ref, E, case)
 
@@ -537,8 +692,9 @@ def test_capacity_gradients_match_dense_reference(T, E, k, cf, impl, seed):
 @pytest.mark.part("B")
 @pytest.mark.parametrize("dtype", [torch.float64, torch.bfloat16], ids=["fp64", "bf16"])
 def test_moe_output_has_the_dtype_of_x(dtype, impl, seed):
-    """A module and tokens in ``dtype``: y in ``dtype``, aux float32. The routing is designed with
-    wide margins, so that bfloat16 rounding cannot change it."""
+    """A module and tokens in ``dtype``: y in ``dtype`` (its values checked), aux_loss float32 (its
+    value is the aux tests'). The routing is designed with wide margins, so that bfloat16
+    rounding cannot change it."""
     T, d, dff, E, k = 24, 12, 16, 4, 2
     g = gen(seed, "dtype", str(dtype))
     state = {n: t.to(dtype).to(torch.float32) for n, t in make_state(g, d, dff, E).items()}
@@ -546,11 +702,35 @@ def test_moe_output_has_the_dtype_of_x(dtype, impl, seed):
     ref = reference(state, [x.float()], k, None, E)
     out = build_moe(impl, state, d, dff, E, k, None, dtype=dtype)(x)
     case = f"{dtype}, T={T}, E={E}, k={k}"
-    assert isinstance(out, tuple) and len(out) == 2 and isinstance(out[0], torch.Tensor), \
-        f"MoE.forward must return (y, aux_loss) ({case})"
-    assert out[0].dtype == dtype, f"y must have x's dtype {dtype} ({case}), got {out[0].dtype}"
+    y, aux = split_out(out, case)
+    assert isinstance(y, torch.Tensor) and y.dtype == dtype, \
+        f"y must have x's dtype {dtype} ({case}), got {getattr(y, 'dtype', type(y).__name__)}"
     tol = (ATOL, RTOL) if dtype == torch.float64 else (5e-2, 5e-2)
-    check_layer(out, ref, case, atol=tol[0], rtol=tol[1])
+    check_y(out, ref, case, atol=tol[0], rtol=tol[1])
+    assert isinstance(aux, torch.Tensor) and aux.dtype == torch.float32, (
+        f"aux_loss must be float32 whatever x's dtype ({case}): load_balancing_loss of "
+        f"softmax(router(x).float()); got {getattr(aux, 'dtype', type(aux).__name__)}")
+
+
+@pytest.mark.part("B")
+def test_moe_rejects_x_of_the_wrong_d_model(impl, seed):
+    """x of d_model + 3 (and d_model - 2) columns is refused with a ValueError naming x or d_model
+    and the width; the same layer on x of d_model columns is right."""
+    T, d, dff, E, k = 9, 14, 10, 5, 2
+    g = gen(seed, "d_model")
+    state = make_state(g, d, dff, E)
+    m = build_moe(impl, state, d, dff, E, k, None)
+    x = draw_tokens(g, T, d, state["router.weight"], k)
+    check_y(m(x), reference(state, [x], k, None, E), f"T={T}, d_model={d}, E={E}, k={k} (the valid neighbour of "
+                                                     "the refused x)")
+    for width in (d + 3, d - 2):
+        bad = torch.randn(T, width, generator=g)
+        e = expect_raises(ValueError, f"MoE(d_model={d}, ...)(x of shape ({T}, {width})): x must be (T, d_model)",
+                          m, bad)
+        msg = str(e)
+        assert str(width) in msg and re.search(r"\bx\b|d_model", msg), (
+            f"the ValueError for x of shape ({T}, {width}) at d_model={d} must name the argument (x or d_model) and "
+            f"the value ({width}); got {msg[:200]!r}")
 
 
 def flop_band(T, d, dff, E, k):
@@ -563,7 +743,7 @@ def flop_band(T, d, dff, E, k):
 def test_moe_flops_grow_with_k_not_E(impl, seed):
     """Forward FLOPs (FlopCounterMode, next to the code) on a routing where every expert gets
     T*k/E tokens: in [6*d*d_ff*T*k, 1.25*6*d*d_ff*T*k + 4*T*d*E], whatever E."""
-    T, d, dff = 32, 16, 32
+    T, d, dff = 40, 12, 24
     seen = []
     for E, k in [(4, 1), (8, 1), (4, 2), (8, 2), (8, 4)]:
         g = gen(seed, "flops", E, k)
@@ -573,7 +753,7 @@ def test_moe_flops_grow_with_k_not_E(impl, seed):
         m = build_moe(impl, state, d, dff, E, k, None)
         out, meas = measure(m, x, alloc=False, ops=False, flops=True, no_grad=True)
         case = f"T={T}, d_model={d}, d_ff={dff}, E={E}, k={k}, every expert routed T*k/E={T * k // E} tokens"
-        checked(out, lambda o: check_layer(o, ref, case), prop="the FLOP count")
+        checked(out, lambda o: check_y(o, ref, case), prop="the FLOP count")
         low, high = flop_band(T, d, dff, E, k)
         seen.append(f"E={E}, k={k}: {meas.flops}")
         assert meas.flops >= low, (
@@ -619,20 +799,23 @@ def body_ep(rk, state, dims, xs, gys, gaux, members=None):
             "reach": reach}
 
 
-def ep_case(impl, seed, W, sizes, E, k, cf, d=8, dff=16, salt="ep", members=None, xs=None, state=None):
-    """Runs body_ep on W ranks (sizes: T_r per rank) and returns (results, reference, inputs)."""
+def ep_case(impl, seed, W, sizes, E, k, cf, d=8, dff=16, salt="ep", members=None, xs=None, state=None, on="y"):
+    """Runs body_ep on W ranks (sizes: T_r per rank) and returns (results, state, xs, gys, gaux).
+    ``on``: what the backward differentiates, a loss on "y" alone (g_aux = 0) or on "aux" alone
+    (every g_y = 0), so that y's gradients and the aux loss's are graded apart."""
     g = gen(seed, salt, W, tuple(sizes), E, k, cf)
     state = state if state is not None else make_state(g, d, dff, E)
     xs = xs if xs is not None else [draw_tokens(g, T, d, state["router.weight"], k) for T in sizes]
-    gys = [torch.randn(T, d, generator=g) for T in sizes]
-    gaux = torch.randn((), generator=g)
+    gys = [torch.randn(T, d, generator=g) * (on == "y") for T in sizes]
+    gaux = torch.randn((), generator=g) * (on == "aux")
     world = W if members is None else sum(len(m) for m in members)
     res = run_ranks(body_ep, world, state, (d, dff, E, k, cf), xs, gys, gaux, members, impl=impl, timeout=RANK_T)
     return res, state, xs, gys, gaux
 
 
 def check_ep_rank(out, ref, r, W, E, case, variants=()):
-    y, aux = out["out"] if isinstance(out["out"], tuple) and len(out["out"]) == 2 else (out["out"], None)
+    """This rank's y against the reference's rows (the aux loss is graded apart: :func:`check_ep_aux`)."""
+    y = out["out"][0] if isinstance(out["out"], tuple) and len(out["out"]) == 2 else out["out"]
     want = ref["y"][r]
     if isinstance(y, torch.Tensor) and y.shape == want.shape and torch.isnan(y).any():
         raise AssertionError(f"{case}: the output holds NaN: the rank used an expert it does not hold (the graders "
@@ -644,23 +827,37 @@ def check_ep_rank(out, ref, r, W, E, case, variants=()):
                 raise AssertionError(f"{words} ({case})")
     assert_close(y, want, atol=ATOL, rtol=RTOL, case=case,
                  what="y_r (MoE's output on the union of the ranks' tokens, this rank's rows)")
-    assert_close(aux, ref["aux"], atol=GATE_ATOL, rtol=RTOL, case=case,
-                 what="aux_loss (the union's, the same on every rank)")
+
+
+def check_ep_aux(res, ref, case_of, own, variants=()):
+    """Every rank's aux loss is the union's (``ref["aux"]``), or else every rank's equals the
+    submission's own load_balancing_loss of the union's routing (``own()``: :func:`own_aux`'s
+    dict, or None). Returns the one the ranks matched, to grade the gradients against."""
+    auxes = [out["out"][1] if isinstance(out["out"], tuple) and len(out["out"]) == 2 else out["out"] for out in res]
+    agree = lambda want: all(isinstance(a, torch.Tensor) and matches(a, want, GATE_ATOL, RTOL) for a in auxes)
+    if agree(ref["aux"]):
+        return ref
+    mine = own()
+    if mine is not None and agree(mine["aux"]):
+        return mine           # the submission's load_balancing_loss deviates: Part A charges it
+    for r, aux in enumerate(auxes):
+        check_aux(aux, ref["aux"], case_of(r), variants=variants)
+    return ref
+
+
+def check_router_share(got, share, full, W, case, what):
+    got = torch.zeros_like(share) if got is None else got
+    if W > 1 and not matches(got, share, 1e-4, 1e-4) and matches(got, full, 1e-4, 1e-4):
+        raise AssertionError(f"{case}: router.weight's gradient is the sum over the ranks: each rank keeps its "
+                             "share (its tokens' part; summed over the ranks it is MoE's), no all-reduce")
+    assert_close(got, share, atol=1e-4, rtol=1e-4, case=case, what=what)
 
 
 def check_ep_grads(out, ref, r, W, E, case):
+    """The gradients of a loss on y alone: this rank's router share, its experts', x_r's."""
     n = E // W
-    got, share, full = out["grads"].get("router.weight"), ref["router"][r], sum(ref["router"])
-    assert got is not None, f"{case}: router.weight has no gradient"
-    if W > 1 and not matches(got, share, 1e-4, 1e-4):
-        if matches(got, full, 1e-4, 1e-4):
-            raise AssertionError(f"{case}: router.weight's gradient is the sum over the ranks: each rank keeps its "
-                                 "share (its tokens' part; summed over the ranks it is MoE's), no all-reduce")
-        if matches(got, W * share, 1e-4, 1e-4) or matches(got, share + (W - 1) * ref["aux_share"][r], 1e-4, 1e-4):
-            raise AssertionError(f"{case}: router.weight's gradient counts the aux loss W={W} times: its backward "
-                                 "must not sum over the ranks (the union's statistics are constants there)")
-    assert_close(got, share, atol=1e-4, rtol=1e-4, case=case,
-                 what="the gradient of router.weight (this rank's share: through its own tokens)")
+    check_router_share(out["grads"].get("router.weight"), ref["router"][r], sum(ref["router"]), W, case,
+                       "the gradient of router.weight (this rank's share: through its own tokens' gates)")
     for j in range(n):
         for w in WEIGHTS:
             name = f"experts.{j}.{w}.weight"
@@ -669,12 +866,6 @@ def check_ep_grads(out, ref, r, W, E, case):
                          what=f"the gradient of {name} (global expert {r * n + j}, from every rank's tokens)")
     assert_close(out["dx"], ref["dx"][r], atol=1e-4, rtol=1e-4, case=case,
                  what="the gradient of x_r (the off-rank experts' part comes back through the reverse all-to-all)")
-
-
-def ep_reference(state, xs, k, cf, E, gys, gaux):
-    ref = reference(state, xs, k, cf, E, gys, gaux)
-    ref["aux_share"] = reference(state, xs, k, cf, E, [torch.zeros_like(gy) for gy in gys], gaux)["router"]
-    return ref
 
 
 EP_SIZES = {1: [13], 2: [9, 4], 4: [5, 1, 8, 3]}
@@ -686,11 +877,35 @@ EP_SIZES = {1: [13], 2: [9, 4], 4: [5, 1, 8, 3]}
 def test_expert_parallel_equals_single_process(W, impl, seed):
     E, k = 8, 2
     res, state, xs, gys, gaux = ep_case(impl, seed, W, EP_SIZES[W], E, k, None)
-    ref = ep_reference(state, xs, k, None, E, gys, gaux)
+    ref = reference(state, xs, k, None, E, gys, gaux)
     for r, out in enumerate(res):
         case = f"W={W}, rank {r}, T_r={EP_SIZES[W]}, E={E}, k={k}, no capacity"
         check_ep_rank(out, ref, r, W, E, case, variants=[unweighted(state, xs, k, None, E)])
         check_ep_grads(out, ref, r, W, E, case)
+
+
+@pytest.mark.part("C")
+@pytest.mark.parametrize("W", [2, 4], ids=lambda w: f"W{w}")
+def test_expert_parallel_aux_loss_is_the_unions(W, impl, seed):
+    """Every rank returns the union's aux loss; a loss on it alone (every g_y = 0, the same g_aux
+    on every rank) gives each rank's router its share (through its own tokens: the other ranks'
+    statistics are constants; summed over the ranks it is MoE's) and x_r its part."""
+    E, k = 8, 2
+    sizes = {2: [10, 7], 4: [4, 9, 2, 6]}[W]
+    res, state, xs, gys, gaux = ep_case(impl, seed, W, sizes, E, k, None, salt="ep-aux", on="aux")
+    ref = reference(state, xs, k, None, E, gys, gaux)
+    case_of = lambda r: f"W={W}, rank {r}, T_r={sizes}, E={E}, k={k}, a loss on the aux loss alone"
+    want = check_ep_aux(res, ref, case_of, lambda: own_aux(impl, state, xs, ref["idx"], E, gaux),
+                        variants=aux_variants(state, xs, ref, k, E))
+    for r, out in enumerate(res):
+        got, share = out["grads"].get("router.weight"), want["router"][r]
+        if got is not None and not matches(got, share, 1e-4, 1e-4) and matches(got, W * share, 1e-4, 1e-4):
+            raise AssertionError(f"{case_of(r)}: router.weight's gradient counts the aux loss W={W} times: its "
+                                 "backward must not sum over the ranks (the union's statistics are constants there)")
+        check_router_share(got, share, sum(want["router"]), W, case_of(r),
+                           "the gradient of router.weight through the aux loss (this rank's share)")
+        assert_close(out["dx"], want["dx"][r], atol=1e-4, rtol=1e-4, case=case_of(r),
+                     what="the gradient of x_r through the aux loss")
 
 
 @pytest.mark.part("C")
@@ -700,7 +915,7 @@ def test_expert_parallel_capacity_follows_the_union(W, impl, seed):
     E, k, cf = 4, 2, 0.75
     sizes = {2: [12, 7], 4: [6, 9, 2, 7]}[W]
     res, state, xs, gys, gaux = ep_case(impl, seed, W, sizes, E, k, cf, salt="ep-cap")
-    ref = ep_reference(state, xs, k, cf, E, gys, gaux)
+    ref = reference(state, xs, k, cf, E, gys, gaux)
     C = math.ceil(cf * sum(sizes) * k / E)
     for r, out in enumerate(res):
         case = f"W={W}, rank {r}, T_r={sizes}, E={E}, k={k}, capacity_factor={cf} (capacity {C} over the union)"
@@ -714,7 +929,7 @@ def test_expert_parallel_capacity_follows_the_union(W, impl, seed):
 def test_rank_holds_the_router_and_only_its_experts(W, impl, seed):
     E, k, d, dff = 8, 2, 8, 16
     res, state, xs, gys, gaux = ep_case(impl, seed, W, [6] * W, E, k, None, salt="ep-hold")
-    ref = ep_reference(state, xs, k, None, E, gys, gaux)
+    ref = reference(state, xs, k, None, E, gys, gaux)
     n = E // W
     for r, out in enumerate(res):
         case = f"W={W}, rank {r}, E={E}"
@@ -792,7 +1007,7 @@ def test_only_off_rank_assignments_travel(W, impl, seed):
     xs = [designed_tokens(g, state["router.weight"], c) for c in choices]
     res, _, _, gys, gaux = ep_case(impl, seed, W, [T_r] * W, E, k, None, d=d, dff=dff, salt="ep-comm", xs=xs,
                                    state=state)
-    ref = ep_reference(state, xs, k, None, E, gys, gaux)
+    ref = reference(state, xs, k, None, E, gys, gaux)
     n = E // W
     for r, out in enumerate(res):
         case = f"W={W}, rank {r}, T_r={T_r}, d_model={d}, E={E}, k={k}"
@@ -816,18 +1031,34 @@ def test_only_off_rank_assignments_travel(W, impl, seed):
                 "token at most once per rank), with small metadata (counts)")
 
 
-def body_errors(rk, E):
-    moe = rk.call(rk.impl.MoE, 8, 8, E, k=1).out
+def body_errors(rk, state, dims, xs, E_bad):
+    """On this rank: the valid neighbour first (from_moe of a MoE with E experts, E % W == 0, and
+    one forward), then from_moe of a MoE with E_bad experts."""
+    d, dff, E, k = dims
+    moe = rk.call(rk.impl.MoE, d, dff, E, k=k).out
+    moe.load_state_dict(state)
+    ep = rk.call(rk.impl.ExpertParallelMoE.from_moe, moe).out
+    out = rk.call(ep, xs[rk.rank]).out
+    bad = rk.call(rk.impl.MoE, d, dff, E_bad, k=k).out
     try:
-        rk.call(rk.impl.ExpertParallelMoE.from_moe, moe)
-        return "no error", ""
+        rk.call(rk.impl.ExpertParallelMoE.from_moe, bad)
+        return out, "no error", ""
     except Exception as e:  # noqa: BLE001 - the type and message are graded
-        return type(e).__name__, str(e)
+        return out, type(e).__name__, str(e)
 
 
 @pytest.mark.part("C")
-def test_experts_not_divisible_by_W_raise_value_error(impl):
-    for r, (kind, msg) in enumerate(run_ranks(body_errors, 3, 4, impl=impl, timeout=RANK_T)):
+def test_experts_not_divisible_by_W_raise_value_error(impl, seed):
+    """At W=3, from_moe of a MoE with E=4 experts is refused; its neighbour E=6 shards and runs right."""
+    d, dff, E, k, sizes = 8, 8, 6, 2, [4, 3, 5]
+    g = gen(seed, "ep-errors")
+    state = make_state(g, d, dff, E)
+    xs = [draw_tokens(g, T, d, state["router.weight"], k) for T in sizes]
+    ref = reference(state, xs, k, None, E)
+    for r, (out, kind, msg) in enumerate(run_ranks(body_errors, 3, state, (d, dff, E, k), xs, 4, impl=impl,
+                                                   timeout=RANK_T)):
+        check_ep_rank({"out": out}, ref, r, 3, E, f"W=3, rank {r}, T_r={sizes}, E={E}, k={k} (the valid "
+                                                  "neighbour of E=4)")
         assert kind == "ValueError", f"from_moe of a MoE with E=4 experts at W=3 (rank {r}): {kind} {msg[:200]}, " \
                                      "expected ValueError (E % W != 0)"
 
@@ -841,11 +1072,14 @@ def test_group_is_honoured(impl, seed):
     try:
         res, state, xs, gys, gaux = ep_case(impl, seed, 4, sizes, E, k, None, salt="ep-group", members=members)
         for m in members:
-            ref = ep_reference(state, [xs[i] for i in m], k, None, E, [gys[i] for i in m], gaux)
+            mx = [xs[i] for i in m]
+            ref = reference(state, mx, k, None, E, [gys[i] for i in m], gaux)
+            case_of = lambda r: f"group {m}, rank {r} (world rank {m[r]}), E={E}, k={k}"
             for r, world in enumerate(m):
-                case = f"group {m}, rank {r} (world rank {world}), E={E}, k={k}"
-                check_ep_rank(res[world], ref, r, 2, E, case)
-                check_ep_grads(res[world], ref, r, 2, E, case)
+                check_ep_rank(res[world], ref, r, 2, E, case_of(r))
+                check_ep_grads(res[world], ref, r, 2, E, case_of(r))
+            check_ep_aux([res[w] for w in m], ref, case_of,
+                         lambda: own_aux(impl, state, mx, ref["idx"], E), variants=aux_variants(state, mx, ref, k, E))
     except AssertionError as e:
         raise AssertionError(f"{e}\n(in groups [[0, 1], [2, 3]] of a world of 4: W and r are "
                              "dist.get_world_size(group) and dist.get_rank(group); every collective is issued on "

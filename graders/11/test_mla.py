@@ -4,11 +4,13 @@ The layer is the implementation's own ``MultiHeadLatentAttention`` (its ``__init
 given) with weights drawn from the run seed; the oracle (``ref_mla``) is an independent
 float64 recomputation of DeepSeek-V2's MLA from those weights, so a bug the naive,
 cached and absorbed paths share is still caught. A mismatch that equals a known bug
-(``BUGS``: RoPE on the nope part, NeoX-style pairs, the scale from qk_nope only, kv_norm
-skipped or applied to the rope key, W_UV folded into the query, RoPE positions
-restarting per call, a top-left causal mask) is reported under its name.
+(``BUGS``: RoPE on the nope part, NeoX-style pairs, the default RoPE base instead of
+rope_theta, the scale from qk_nope only, kv_norm skipped or applied to the rope key, W_UV
+folded into the query, RoPE positions restarting per call, a top-left causal mask) is
+reported under its name. A test of a refusal (ValueError, TypeError) first makes the same
+call on its valid neighbour and checks that one's value: no point for refusing alone.
 
-In contract order: MLAConfig and the naive path (part A); the latent cache: bytes,
+In contract order: MLAConfig, the naive path, RoPE's base and x's dtype (part A); the latent cache: bytes,
 contents, cached decoding, errors, nothing per head kept (part B); the absorbed path:
 values, a stale fold, the decode allocation bound, decode FLOPs reported (part C).
 """
@@ -87,6 +89,14 @@ def _rope(t, pos, theta, neox=False):
     return torch.stack([a * cos - b * sin, a * sin + b * cos], -1).flatten(-2)
 
 
+DEFAULT_BASE = 10000.0   # MLAConfig's default rope_theta: what a hard-coded RoPE base usually is
+
+
+def base(cfg, bug=None):
+    """The RoPE base of ``cfg``; with the bug "rope_base", the default one instead."""
+    return DEFAULT_BASE if bug == "rope_base" else cfg["rope_theta"]
+
+
 def latent_ref(W, cfg, x, pos=None, bug=None):
     """Float64 ``(c_kv, k_rope)``: ``kv_norm(c_kv) (B, T, r)`` and the roped shared key
     ``(B, T, dr)`` of ``x (B, T, d)``: what the cache must hold."""
@@ -99,7 +109,7 @@ def latent_ref(W, cfg, x, pos=None, bug=None):
     if bug == "norm_rope":
         kr = _rms(kr)
     if bug != "unroped_key":
-        kr = _rope(kr, pos, cfg["rope_theta"], neox=bug == "neox")
+        kr = _rope(kr, pos, base(cfg, bug), neox=bug == "neox")
     return c, kr
 
 
@@ -113,7 +123,7 @@ def ref_mla(W, cfg, x, chunks=None, bug=None, queries=None, absorbed=False):
     x = x.detach().to("cpu", torch.float64)
     B, T, _ = x.shape
     H, r = cfg["n_heads"], cfg["kv_lora_rank"]
-    dn, dr, dv, theta = cfg["qk_nope_head_dim"], cfg["qk_rope_head_dim"], cfg["v_head_dim"], cfg["rope_theta"]
+    dn, dr, dv, theta = cfg["qk_nope_head_dim"], cfg["qk_rope_head_dim"], cfg["v_head_dim"], base(cfg, bug)
     chunks = chunks or [T]
     pos = torch.cat([torch.arange(n) for n in chunks]) if bug == "restart" else torch.arange(T)
     allowed = torch.ones(T, T, dtype=torch.bool).tril()
@@ -150,6 +160,8 @@ BUGS = {
                  "no position",
     "neox": "RoPE pairs look rotated half-split (NeoX style, (t[i], t[i + dr/2])): the contract turns the "
             "interleaved pairs (t[2i], t[2i+1]) by pos * rope_theta**(-2i/qk_rope)",
+    "rope_base": f"RoPE turns by the default base {DEFAULT_BASE:g} instead of the config's rope_theta: the angle "
+                 "is pos * rope_theta**(-2i/qk_rope), rope_theta read from the layer's MLAConfig",
     "scale_nope": "the scale looks like 1/sqrt(qk_nope_head_dim): the score q_nope.k_nope + q_rope.k_rope is a dot "
                   "product over qk_nope + qk_rope dims, scale 1/sqrt(qk_nope + qk_rope)",
     "no_norm": "kv_norm looks skipped: the output is that of a layer expanding the raw latent; apply kv_norm to "
@@ -181,6 +193,8 @@ def known_bug(got, W, cfg, x, chunks=None):
         if bug == "swap" and cfg["qk_nope_head_dim"] != cfg["v_head_dim"]:
             continue
         if bug == "rope_nope" and cfg["qk_nope_head_dim"] % 2:
+            continue
+        if bug == "rope_base" and cfg["rope_theta"] == DEFAULT_BASE:
             continue
         if _close(got, ref_mla(W, cfg, x, chunks=chunks, bug=bug)):
             return bug
@@ -241,14 +255,25 @@ def cfg_of(name):
 
 # --- Part A: MLAConfig -----------------------------------------------------------------------
 
-BAD_CONFIGS = [("d_model", 0), ("n_heads", 0), ("kv_lora_rank", -3), ("qk_nope_head_dim", 0),
-               ("qk_rope_head_dim", 7), ("qk_rope_head_dim", 0), ("v_head_dim", 0), ("rope_theta", 0.0),
-               ("rope_theta", -5.0)]
+# (field, refused value, its valid neighbour)
+BAD_CONFIGS = [("d_model", 0, 1), ("n_heads", 0, 1), ("kv_lora_rank", -3, 1), ("qk_nope_head_dim", 0, 1),
+               ("qk_rope_head_dim", 7, 6), ("qk_rope_head_dim", 0, 2), ("v_head_dim", 0, 1), ("rope_theta", 0.0, 0.5),
+               ("rope_theta", -5.0, 5.0)]
 
 
 @pytest.mark.part("A")
-@pytest.mark.parametrize("name,value", BAD_CONFIGS, ids=[f"{n}={v}" for n, v in BAD_CONFIGS])
-def test_config_rejects_bad_sizes_naming_the_field(impl, name, value):
+@pytest.mark.parametrize("name,value,neighbour", BAD_CONFIGS, ids=[f"{n}={v}" for n, v, _ in BAD_CONFIGS])
+def test_config_rejects_bad_sizes_naming_the_field(impl, name, value, neighbour):
+    """First the same config with the field at a valid neighbouring value must be accepted
+    and keep every field as given; then the bad value must be refused naming the field."""
+    valid = {**CFGS["ds"], name: neighbour}
+    try:
+        cfg = impl.MLAConfig(**valid)
+    except Exception as e:  # noqa: BLE001 - a refusal counts only beside an acceptance
+        raise AssertionError(f"MLAConfig({name}={neighbour!r}, ...), a valid config, raised {type(e).__name__}: "
+                             f"{str(e)[:200]} (only the sizes the contract refuses may raise)") from None
+    kept = {k: getattr(cfg, k, None) for k in valid}
+    assert kept == valid, f"MLAConfig({name}={neighbour!r}, ...) keeps {kept}, it was given {valid}"
     kwargs = {**CFGS["ds"], name: value}
     why = "an odd qk_rope_head_dim (RoPE turns pairs)" if name == "qk_rope_head_dim" and value % 2 else \
         "rope_theta <= 0" if name == "rope_theta" else f"{name} < 1"
@@ -285,7 +310,7 @@ def test_naive_matches_float64_oracle(impl, gen, case):
         f"the output must be in x's dtype {DT[dtype]}, got {getattr(out, 'dtype', type(out).__name__)} ({_vid(case)})"
     check_out(out, W, CFGS[name], x, _vid(case), "naive MLA output differs from the float64 oracle built from the "
               "layer's weights (check the layouts [q_nope | q_rope], [c_kv | k_rope], [k_nope | v], the interleaved "
-              "RoPE, the scale, the causal mask)")
+              "RoPE and its base rope_theta, the scale, the causal mask)")
 
 
 @pytest.mark.part("A")
@@ -306,6 +331,53 @@ def test_naive_is_causal_and_shares_one_rope_key(impl, gen, device):
     moved = ((a[:, :-1] - b[:, :-1]).abs() > tol).any(-1).nonzero().tolist()
     assert not moved, (f"the layer is not causal: changing token {L - 1} changed the outputs of earlier tokens "
                        f"{sorted({t for _, t in moved})[:5]} ({case})")
+
+
+# the DeepSeek-like shapes with other RoPE bases: "ds" itself has the default base, where a
+# hard-coded one is silent
+ROPE_BASES = {f"ds-base-{theta:g}": {**CFGS["ds"], "rope_theta": theta} for theta in (37.0, 5.0e5)}
+CFGS.update(ROPE_BASES)
+
+
+@pytest.mark.part("A")
+@pytest.mark.points(2)
+def test_rope_turns_by_rope_theta(impl, gen):
+    """Two layers with the same weights and x that differ only in rope_theta: each output is
+    the oracle's for its own base."""
+    B, L = 2, 12
+    outs, state = {}, gen.get_state()
+    for name in ROPE_BASES:
+        gen.set_state(state)   # the same weights and x for each base
+        layer, W = make_layer(impl, gen, name)
+        x = randn((B, L, CFGS[name]["d_model"]), gen)
+        outs[name] = (layer(x), W, x)
+    (a, _, _), (b, _, _) = outs.values()
+    ignored = isinstance(b, torch.Tensor) and _close(a, b.detach().to("cpu", torch.float64), 1e-6)
+    bases = " and ".join(f"{c['rope_theta']:g}" for c in ROPE_BASES.values())
+    for name, (out, W, x) in outs.items():
+        case = f"ds shapes, rope_theta={CFGS[name]['rope_theta']:g}, B={B}, L={L}"
+        if ignored and not _close(out, ref_mla(W, CFGS[name], x), ATOL) and known_bug(out, W, CFGS[name], x) is None:
+            raise AssertionError(f"the output does not change with rope_theta (the RoPE base): layers that differ only "
+                                 f"in rope_theta ({bases}) give the same output ({case}); the angle is pos * "
+                                 f"rope_theta**(-2i/qk_rope) with the config's rope_theta")
+        check_out(out, W, CFGS[name], x, case, "naive MLA output differs from the float64 oracle with this rope_theta")
+
+
+@pytest.mark.part("A")
+@pytest.mark.parametrize("dtype", ["fp64", "bf16"])
+def test_x_of_another_dtype_than_the_layer_raises_type_error(impl, gen, dtype):
+    """A float32 layer: first a float32 x must give the right output; then the same x in
+    ``dtype`` must raise TypeError (the course's error for a dtype) naming x's dtype, not
+    whatever a matmul of mixed dtypes raises."""
+    name, B, L = "wide-rope", 1, 4
+    layer, W = make_layer(impl, gen, name)
+    x = randn((B, L, CFGS[name]["d_model"]), gen)
+    check_out(layer(x), W, CFGS[name], x, f"{name}, B={B}, L={L}, float32 x and layer", "naive MLA output "
+              "differs from the float64 oracle (checked before the dtype refusal)")
+    other = str(DT[dtype]).removeprefix("torch.")
+    given = f"forward(x) with a {other} x into a float32 layer"
+    e = expect_raises(TypeError, given, layer, x.to(DT[dtype]))
+    assert other in str(e), f"the TypeError for {given} must name x's dtype {other}, got {str(e)!r}"
 
 
 @pytest.mark.part("A")
@@ -524,6 +596,11 @@ def test_mismatched_cache_is_refused_and_unchanged(impl, gen, bad):
     layer, W = make_layer(impl, gen, name)
     x = randn((B, 3, CFGS[name]["d_model"]), gen)
     other = {**CFGS[name], "kv_lora_rank": 20, "qk_rope_head_dim": 6}
+    good = impl.MLACache(B, 8, impl.MLAConfig(**CFGS[name]))   # the valid neighbour: a refusal counts beside it
+    with torch.no_grad():
+        out = feed(layer, x, [3], good)
+    check_out(out, W, CFGS[name], x, "through a matching cache (before the mismatched one)", "cached outputs differ "
+              "from the float64 oracle", [3])
     cache = {"batch": lambda: impl.MLACache(B + 1, 8, impl.MLAConfig(**CFGS[name])),
              "dtype": lambda: impl.MLACache(B, 8, impl.MLAConfig(**CFGS[name]), dtype=torch.float64),
              "config": lambda: impl.MLACache(B, 8, impl.MLAConfig(**other))}[bad]()

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import importlib
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -20,8 +19,10 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from .. import container, grading, manifest, progress
-from ..errors import ExitCode, LabsError
+from .. import container, files, grading, manifest, progress, progress_report, records
+from ..errors import LabsError
+from .common import console, course_of
+from .submit import COMMANDS as SUBMIT_COMMANDS
 
 
 class _Labs(click.Group):
@@ -41,18 +42,6 @@ class _Labs(click.Group):
             ctx.exit(int(e.code))
 
 
-def _console() -> Console:
-    return Console(highlight=False, soft_wrap=True)
-
-
-def _course(ctx) -> manifest.Course:
-    try:
-        return manifest.load(ctx.obj.get("course"))
-    except manifest.ManifestError as e:
-        e.hint = e.hint or "run inside the course repository or pass --course DIR"
-        raise
-
-
 @click.group(cls=_Labs, context_settings={"help_option_names": ["-h", "--help"]})
 @click.option("--course", type=click.Path(file_okay=False, path_type=Path), default=None,
               help="Course root holding labs.yaml (default: search upwards from the current directory).")
@@ -69,18 +58,19 @@ def main(ctx, course, traceback):
 @click.pass_context
 def list_labs(ctx, as_json):
     """List the labs with their parts, points and GPU needs."""
-    course = _course(ctx)
+    course = course_of(ctx)
     rows = []
     for num, lab in sorted(course.labs.items()):
         try:
             gpu = grading.gpu_points(course, lab)
         except grading.GradingError:
             gpu = None
-        rows.append({"lab": num, "title": lab.title, "module": f"labs/{num}/{lab.filename}",
+        paths = course.paths(lab)
+        rows.append({"lab": num, "title": lab.title, "module": paths.relative.stub.as_posix(),
                      "parts": {k: p.points for k, p in lab.parts.items()}, "points": lab.points,
                      "gpu_points": gpu, "gpu": "unknown (graders fail to collect)" if gpu is None else
                      f"{gpu:g} pts need a GPU" if gpu else "none",
-                     "stub": (course.root / "labs" / num / lab.filename).is_file()})
+                     "stub": paths.stub.is_file()})
     if as_json:
         click.echo(json.dumps(rows, indent=2))
         return
@@ -92,7 +82,7 @@ def list_labs(ctx, as_json):
                           for k, v in r["parts"].items())
         table.add_row(r["lab"], r["title"], parts, f"{r['points']:g}", r["gpu"],
                       r["module"] if r["stub"] else f"{r['module']} (missing)")
-    _console().print(table)
+    console().print(table)
 
 
 @main.command("test", context_settings={"ignore_unknown_options": True})
@@ -101,9 +91,9 @@ def list_labs(ctx, as_json):
 @click.pass_context
 def test(ctx, lab, pytest_args):
     """Run a lab's visible tests: the same as `pytest labs/NN [PYTEST_ARGS]`."""
-    course = _course(ctx)
+    course = course_of(ctx)
     lab = course.lab(lab)
-    cmd = [sys.executable, "-m", "pytest", f"labs/{lab.number}", *pytest_args]
+    cmd = [sys.executable, "-m", "pytest", manifest.LabPaths.of(lab).folder.as_posix(), *pytest_args]
     ctx.exit(subprocess.call(cmd, cwd=course.root))
 
 
@@ -127,7 +117,7 @@ def grade(ctx, path, lab_number, json_path, seed, timeout_s, sandbox):
     (`solutions` for the reference, `labs` for the stubs). Exit status 0 whenever
     grading ran, whatever the score.
     """
-    course = _course(ctx)
+    course = course_of(ctx)
     lab = course.lab(lab_number)
     if not path.is_dir():
         raise LabsError(f"submission {path} is not a directory", hint="pass a checkout or a folder holding NN/<module>.py")
@@ -148,25 +138,23 @@ def grade(ctx, path, lab_number, json_path, seed, timeout_s, sandbox):
     if problem:
         click.echo(f"labs: warning: progress not recorded ({problem})", err=True)
     if json_path:
-        grading.write_json_atomic(json_path, result.to_gradescope())
+        files.write_json(json_path, result.to_gradescope())
 
 
-IMPL_ERRORS = {"missing": "no module", "import": "import error", "api": "api mismatch"}
-
-
-def _one_cause(result: grading.GradeResult, path: Path, lab) -> str:
+def _one_cause(result: records.GradeResult, path: Path, lab) -> str:
     """Why no test could load the implementation, when each that ran failed the same way
     (``impl_error``): the first message, and for a missing module the near misses in the
     submission (``GQA.py``, ``gqa_solution.py``). Empty otherwise."""
     ran = [t for t in result.tests if t.outcome != "skipped"]
     kinds = {t.impl_error for t in ran}
-    if not ran or len(kinds) != 1 or (kind := kinds.pop()) not in IMPL_ERRORS:
+    if not ran or len(kinds) != 1 or (kind := kinds.pop()) not in records.IMPL_ERRORS:
         return ""
     first = ran[0].output.splitlines()[0] if ran[0].output else kind
-    text = f"{IMPL_ERRORS[kind]}: {first.removeprefix(IMPL_ERRORS[kind] + ': ')}"
+    text = f"{records.IMPL_ERRORS[kind]}: {first.removeprefix(records.IMPL_ERRORS[kind] + ': ')}"
     if kind == "missing":
         import difflib
-        found = sorted({p.relative_to(path).as_posix() for d in (path, path / lab.number, path / "labs" / lab.number)
+        in_path = manifest.LabPaths.of(lab, path)
+        found = sorted({p.relative_to(path).as_posix() for d in (path, in_path.in_impl(path).parent, in_path.folder)
                         for p in d.glob("*.py") if p.is_file()})
         near = [f for f in found if lab.module.lower() in Path(f).stem.lower()
                 or difflib.get_close_matches(Path(f).name.lower(), [lab.filename], n=1, cutoff=0.6)]
@@ -178,7 +166,7 @@ def _one_cause(result: grading.GradeResult, path: Path, lab) -> str:
 MESSAGE_CHARS = 400  # of a message's first line in the table (it wraps); --json keeps every line
 
 
-def _print_result(result: grading.GradeResult, lab) -> None:
+def _print_result(result: records.GradeResult, lab) -> None:
     """The grade table; readable in an 80-column terminal: long test names fold (never
     cut), a parametrized test's case id goes on its own line, messages wrap."""
     table = Table(title=f"Lab {lab.number} — {lab.title}: {result.submission}")
@@ -194,9 +182,9 @@ def _print_result(result: grading.GradeResult, lab) -> None:
         base, bracket, case = t.name.partition("[")
         table.add_row(t.part, escape(base + (f"\n[{case}" if bracket else "")),
                       f"[{style.get(t.outcome, '')}]{t.outcome}[/]", f"{t.score:.2f}/{t.max_score:.2f}", escape(msg))
-    console = _console()
-    console.print(table)
-    console.print(f"score {result.score:g} / {result.max_score:g} "
+    out = console()
+    out.print(table)
+    out.print(f"score {result.score:g} / {result.max_score:g} "
                   f"(runnable here: {result.max_score_runnable:g}); seed {result.seed}; "
                   f"{result.duration_s:.1f} s")
 
@@ -215,17 +203,15 @@ def progress_command(ctx, lab_number, as_json, html_path):
     Recorded on this machine by `pytest labs/NN` and `labs grade` (nothing is sent
     anywhere); the store is $LABS_PROGRESS_DB or the user data directory.
     """
-    course = _course(ctx)
+    course = course_of(ctx)
     manifest.require_folder(html_path, "--html")
     lab = course.lab(lab_number).number if lab_number else None
     try:
-        summary = progress.summarize(course, lab=lab)
+        summary = progress_report.summarize(course, lab=lab)
     except progress.ProgressError as e:
         raise LabsError(str(e), hint="set LABS_PROGRESS_DB to another file, or `labs reset`") from None
     if html_path:
-        tmp = html_path.with_name(f".{html_path.name}.tmp")
-        tmp.write_text(progress.render_html(summary, course), encoding="utf-8")
-        os.replace(tmp, html_path)
+        files.write_atomic(html_path, progress_report.render_html(summary, course), perms=files.SHARED)
         click.echo(f"labs: wrote {html_path}", err=True)
     if as_json:
         click.echo(json.dumps(summary, indent=2))
@@ -233,9 +219,9 @@ def progress_command(ctx, lab_number, as_json, html_path):
     if html_path:
         return
     table = Table(title=f"{course.name}: local progress", box=box.SIMPLE_HEAD, pad_edge=False)
-    for c in progress.SHORT_COLUMNS:
+    for c in progress_report.SHORT_COLUMNS:
         table.add_column(c, justify="right" if c in ("Runs", "Grades") else "left", no_wrap=c != "Best perf")
-    for is_lab, cells in progress.table_rows(summary, short=True):
+    for is_lab, cells in progress_report.table_rows(summary, short=True):
         table.add_row(*cells, style="bold" if is_lab else None)
     Console(highlight=False, width=None if sys.stdout.isatty() else 140).print(table)
     click.echo(f"Visible: tests passed at the last `pytest labs/NN`; grades: local `labs grade` scores; "
@@ -249,7 +235,7 @@ def progress_command(ctx, lab_number, as_json, html_path):
 @click.pass_context
 def reset_command(ctx, lab_number, yes):
     """Delete your recorded progress (all labs, or lab NN)."""
-    course = _course(ctx)
+    course = course_of(ctx)
     lab = course.lab(lab_number).number if lab_number else None
     what = f"lab {lab}" if lab else f"every lab of {course.name}"
     try:
@@ -269,9 +255,7 @@ def reset_command(ctx, lab_number, yes):
 
 
 
-from .submit import COMMANDS as _SUBMIT_COMMANDS  # noqa: E402  (labs login, submit, status: the course server)
-
-for _command in _SUBMIT_COMMANDS:
+for _command in SUBMIT_COMMANDS:  # labs login, submit, status: the course server
     main.add_command(_command)
 
 # --- staff commands (harness.cli.staff); a student release has none of them --------

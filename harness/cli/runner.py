@@ -20,7 +20,7 @@ from rich.table import Table
 
 from .. import grading
 from ..errors import LabsError
-from . import _course
+from .common import course_of
 
 RESTART_DELAY_S = 2.0    # a dead worker is started again after this, doubling while it keeps dying
 STEADY_S = 60.0          # a worker that ran this long is healthy again (its delay resets)
@@ -28,7 +28,7 @@ STEADY_S = 60.0          # a worker that ran this long is healthy again (its del
 
 def _course_or_none(ctx):
     try:
-        return _course(ctx)
+        return course_of(ctx)
     except LabsError:
         return None
 
@@ -60,7 +60,7 @@ def runner_group(ctx, broker, server, token, gpus, gpu_model, lease_s, sandbox):
     if ctx.invoked_subcommand is not None:
         return
     from ..server import pool, runner as _runner
-    course = _course(ctx)
+    course = course_of(ctx)
     missing = [f"--{n}" for n, v in (("broker", broker), ("server", server), ("token", token)) if not v]
     if missing:
         raise LabsError(f"labs runner needs {', '.join(missing)}",

@@ -7,7 +7,6 @@ is ``--db URL`` (or ``LABS_DB``), by default SQLite in the course's ``.labs-staf
 from __future__ import annotations
 
 import csv
-import json
 import os
 import signal
 import time
@@ -18,9 +17,9 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from .. import calibrate, gradebook as gradebook_api, grading
+from .. import calibrate, files, gradebook as gradebook_api, grading
 from ..errors import ExitCode, LabsError
-from . import _course
+from .common import course_of
 
 DB_HELP = "database URL (default: $LABS_DB, else SQLite in the course's .labs-staff/server.db)"
 
@@ -32,7 +31,7 @@ def _url(course, db: str | None) -> str:
 
 def _sessions(course, db):
     from ..server import db as _db
-    return _db.sessions(_url(course, db))
+    return _db.sessions(_url(course, db), course)
 
 
 def _secret(course) -> bytes:
@@ -61,7 +60,7 @@ def serve_command(ctx, db, host, port, mode, gpus, broker, gpu_model, lease_s):
     import uvicorn
 
     from ..server import app as _app, runner as _runner
-    course = _course(ctx)
+    course = course_of(ctx)
     url = _url(course, db)
     publish = None
     if mode == "pool":
@@ -105,7 +104,7 @@ def roster_import(ctx, csv_path, db, tokens_out):
     """Import a roster CSV (columns name[,email][,role]); every new name gets a token,
     stored hashed: the tokens are written once, to --tokens, for you to send out."""
     from ..server import service
-    course = _course(ctx)
+    course = course_of(ctx)
     with csv_path.open(newline="") as f:
         rows = list(csv.DictReader(f))
     if not rows or not ({"name", "student"} & set(rows[0])):
@@ -117,8 +116,7 @@ def roster_import(ctx, csv_path, db, tokens_out):
         except ValueError as e:
             raise LabsError(f"{csv_path}: {e}", code=ExitCode.USAGE) from None
     new = [(n, t) for n, t in got if t]
-    fd = os.open(out, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "w", newline="") as f:
+    with files.atomic_open(out, newline="") as f:
         w = csv.writer(f)
         w.writerow(["name", "token"])
         w.writerows(new)
@@ -138,7 +136,7 @@ def account_group():
 def account_add(ctx, name, role, db):
     """Add one account and print its token (shown once)."""
     from ..server import service
-    course = _course(ctx)
+    course = course_of(ctx)
     with _sessions(course, db)() as s:
         try:
             token = service.add_account(s, name, role, _secret(course), now=time.time())
@@ -157,7 +155,7 @@ def regrade_command(ctx, lab_number, student, db):
     the regrade queue: interactive submissions go first. The server publishes them on
     its next start (pool mode) or its dispatchers pick them up (local)."""
     from ..server import service
-    course = _course(ctx)
+    course = course_of(ctx)
     lab = course.lab(lab_number)
     with _sessions(course, db)() as s:
         ids = service.regrade(s, lab.number, time.time(), student=student)
@@ -175,7 +173,7 @@ def grant_command(ctx, student, lab_number, n, db):
     from sqlalchemy import select
 
     from ..server import db as _db, service
-    course = _course(ctx)
+    course = course_of(ctx)
     lab = course.lab(lab_number)
     with _sessions(course, db)() as s:
         acc = s.scalar(select(_db.Account).where(_db.Account.name == student))
@@ -198,7 +196,7 @@ def leaderboard_group():
 def leaderboard_show(ctx, lab_number, gpu_model, db):
     """Print the leaderboard as staff see it (names, invalid runs with their reasons)."""
     from ..server import service
-    course = _course(ctx)
+    course = course_of(ctx)
     lab = course.lab(lab_number)
     with _sessions(course, db)() as s:
         rows = service.leaderboard(s, lab.number, gpu_model, staff=True)
@@ -219,7 +217,7 @@ def leaderboard_show(ctx, lab_number, gpu_model, db):
 def leaderboard_invalid(ctx, result_id, reason, db):
     """Hide one run from the leaderboard, with a reason (kept, shown to staff)."""
     from ..server import service
-    course = _course(ctx)
+    course = course_of(ctx)
     with _sessions(course, db)() as s:
         try:
             service.mark_invalid(s, result_id, reason)
@@ -237,7 +235,7 @@ def leaderboard_verify(ctx, lab_number, top, db):
     """Before a deadline closes: queue a re-run (regrade queue) of the top N runs, so
     the ranking rests on a second measurement."""
     from ..server import db as _db, service
-    course = _course(ctx)
+    course = course_of(ctx)
     lab = course.lab(lab_number)
     now = time.time()
     with _sessions(course, db)() as s:
@@ -260,7 +258,7 @@ def calibrate_command(ctx, lab_numbers, json_path):
     graders use) and print each perf ratio with the thresholds it suggests for this GPU
     model. On a host without a GPU only the CPU perf tests run: it says so."""
     from ..server import runner as _runner
-    course = _course(ctx)
+    course = course_of(ctx)
     info = _runner.doctor(course)
     model = info["gpu_model"]
     if model == "cpu":
@@ -284,7 +282,7 @@ def calibrate_command(ctx, lab_numbers, json_path):
         for line in got["not_run"]:
             c.print(escape(f"  not run: {line}"))
     if json_path:
-        grading.write_json_atomic(json_path, {"host": info, "labs": out})
+        files.write_json(json_path, {"host": info, "labs": out})
         click.echo(f"figures in {json_path}")
 
 
@@ -298,10 +296,10 @@ def gradebook_push(ctx, lab_number, gradebook, db):
     """Record each student's newest server grade of a lab in an nbgrader gradebook (the
     same cells as `labs grade-all --gradebook`)."""
     from ..server import service
-    course = _course(ctx)
+    course = course_of(ctx)
     lab = course.lab(lab_number)
     with _sessions(course, db)() as s:
-        rows = [(name, json.loads(res.data)) for name, res, _sub in service.newest_results(s, lab.number)]
+        rows = [(name, service.results_json(course, res)) for name, res, _sub in service.newest_results(s, lab.number)]
     try:
         book = gradebook_api.GradebookWriter(gradebook, lab)
         try:

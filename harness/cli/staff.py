@@ -19,9 +19,11 @@ from rich.markup import escape  # names and statuses are the students' text, nev
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from .. import classroom, container, gradebook as gradebook_api, gradescope, grading, nbgrader_export, release, scaffold
+from .. import (archives, classroom, container, gradebook as gradebook_api, gradescope, grading, nbgrader_export,
+               release, scaffold)
 from ..errors import ExitCode, LabsError
-from . import _course
+from ..manifest import LabPaths
+from .common import course_of
 from .server import COMMANDS as SERVER_COMMANDS
 from .runner import COMMANDS as RUNNER_COMMANDS
 
@@ -60,7 +62,7 @@ def _gpu_max(rows) -> float:
 @click.option("--sandbox", type=click.Choice(grading.SANDBOXES), default=None,
               help="Where the graders run: docker or process (default: as for `labs grade`).")
 @click.option("--force", is_flag=True, help="Regrade every submission, even those already graded in OUT.")
-@click.option("--max-unpacked-mb", type=int, default=classroom.DEFAULT_MAX_UNPACKED_MB, show_default=True,
+@click.option("--max-unpacked-mb", type=int, default=archives.DEFAULT_MAX_UNPACKED_MB, show_default=True,
               help="Refuse archives that unpack to more than this.")
 @click.pass_context
 def grade_all_command(ctx, submissions, lab_number, jobs, out_dir, gradebook, timeout_s, sandbox, force,
@@ -71,7 +73,7 @@ def grade_all_command(ctx, submissions, lab_number, jobs, out_dir, gradebook, ti
     or a .zip/.tar.gz of one. Results are written as each submission finishes, so
     a killed run picks up where it stopped. Exit status 0 whenever grading ran.
     """
-    course = _course(ctx)
+    course = course_of(ctx)
     lab = course.lab(lab_number)
     if not submissions.is_dir():
         raise LabsError(f"submissions folder {submissions} is not a directory",
@@ -193,7 +195,7 @@ def export_command(ctx, dest, lab_numbers):
     Grades: `nbgrader generate_assignment labNN`, `nbgrader collect labNN`, then
     `labs nbgrader collect-modules DEST --lab NN` and `labs grade-all ... --gradebook`.
     """
-    course = _course(ctx)
+    course = course_of(ctx)
     labs = [course.lab(n) for n in lab_numbers] or None
     dest = course.staff_output(dest, "nbgrader", "DEST")
     try:
@@ -220,7 +222,7 @@ def collect_modules_command(ctx, nb_course, lab_number, out_dir):
     """Extract the module cell of each notebook in NB_COURSE/submitted/*/labNN/
     (after `nbgrader collect labNN`) into OUT/STUDENT/NN/<module>.py, as text:
     nothing is run. Then grade them: `labs grade-all OUT --lab NN --gradebook URL`."""
-    lab = _course(ctx).lab(lab_number)
+    lab = course_of(ctx).lab(lab_number)
     out = out_dir or nb_course / nbgrader_export.MODULES_DIR / nbgrader_export.assignment_name(lab)
     try:
         students, notes = nbgrader_export.collect_modules(nb_course, lab, out)
@@ -255,7 +257,7 @@ def gradescope_group():
 def build_command(ctx, lab_number, out, visibility, server, server_token):
     """Write the Gradescope autograder zip for a lab (setup.sh, run_autograder, the
     harness and the lab's hidden graders; never solutions/)."""
-    course = _course(ctx)
+    course = course_of(ctx)
     lab = course.lab(lab_number)
     out = course.staff_output(out, f"gradescope-lab{lab.number}.zip", "--out")
     try:
@@ -289,7 +291,7 @@ def build_command(ctx, lab_number, out, visibility, server, server_token):
 @click.pass_context
 def finalize_command(ctx, raw, out, status, log_path, lab_number, visibility, server_results):
     """(run_autograder) Write Gradescope's results.json from `labs grade --json` output."""
-    course = _course(ctx)
+    course = course_of(ctx)
     lab = course.lab(lab_number)
     log = log_path.read_text(errors="replace") if log_path and log_path.is_file() else ""
     try:
@@ -312,7 +314,7 @@ def finalize_command(ctx, raw, out, status, log_path, lab_number, visibility, se
 def forward_command(ctx, submission, lab_number, metadata, out, wait_s):
     """(run_autograder) Forward the submission to the course server named in server.json
     and wait for its GPU runners' grade."""
-    course = _course(ctx)
+    course = course_of(ctx)
     got = gradescope.forward(course, submission, course.lab(lab_number), metadata, out, wait_s=wait_s)
     click.echo(f"forward: {got.get('error') or 'graded on ' + str(got.get('gpu_model'))}")
 
@@ -336,7 +338,7 @@ def image_build(ctx, gpu, base_image, tag):
 
     It holds the locked environment, the harness, the lab stubs and the hidden
     graders (readable by root only), never the solutions or a submission."""
-    course = _course(ctx)
+    course = course_of(ctx)
     try:
         built = container.build_image(course, gpu=gpu, base_image=base_image, tag=tag,
                                       log=lambda m: click.echo(f"labs: {m}", err=True))
@@ -371,7 +373,7 @@ def release_command(ctx, out, labs, exclude, force):
 
     In OUT, `make setup` and `pytest labs/NN` run the visible tests on the stubs.
     """
-    course = _course(ctx)
+    course = course_of(ctx)
     numbers = [course.lab(n).number for n in labs] or None
     try:
         p = release.release(course, out, labs=numbers, exclude=list(exclude), force=force)
@@ -402,11 +404,11 @@ def new_command(ctx, number, module, title):
     the reference in solutions/NN/, a grader suite in graders/NN/, one mutant in
     tests/mutants/NN/ and its labs.yaml entry. Nothing is overwritten: every file is
     written, or none."""
-    course = _course(ctx)
+    course = course_of(ctx)
     written = scaffold.new_lab(course.root, number, module, title)
     for path in written:
         click.echo(f"wrote {path.relative_to(course.root)}")
-    click.echo(f"next: write the task in labs/{number}/{module}.py and its reference, then "
+    click.echo(f"next: write the task in {LabPaths(Path(), number, f'{module}.py').stub} and its reference, then "
                f"`labs grade solutions --lab {number}` (full marks) and `labs grade labs --lab {number}` (0)")
 
 

@@ -20,9 +20,9 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from .. import grading, impl as _impl
+from .. import files, grading, impl as _impl
 from ..errors import ExitCode, LabsError
-from . import _course
+from .common import course_of
 
 CONFIG = Path(platformdirs.user_config_dir("ai-infra-labs")) / "server.json"
 TIMEOUT_S = 60.0
@@ -67,10 +67,7 @@ def _request(method: str, server: str, token: str, path: str, **kw) -> httpx.Res
 def login_command(server, token):
     """Save the course server and your token for `labs submit` and `labs status`."""
     _request("GET", server.rstrip("/"), token, "/api/submissions")  # a wrong token fails here, not later
-    CONFIG.parent.mkdir(parents=True, exist_ok=True)
-    fd = os.open(CONFIG, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "w") as f:
-        json.dump({"server": server.rstrip("/"), "token": token}, f)
+    files.write_json(CONFIG, {"server": server.rstrip("/"), "token": token})
     click.echo(f"saved to {CONFIG}")
 
 
@@ -82,11 +79,11 @@ def login_command(server, token):
 def submit_command(ctx, lab_number, server, token):
     """Upload lab LAB_NUMBER's module (labs/NN/<module>.py) for grading on the course's
     GPU runners; prints the submission id (`labs status ID` follows it)."""
-    course = _course(ctx)
+    course = course_of(ctx)
     lab = course.lab(lab_number)
     server, token = _config(server, token)
     try:
-        path = _impl.locate(course.root / "labs", lab)
+        path = _impl.locate(course.paths(lab).folder.parent, lab)
     except _impl.ImplError as e:
         raise LabsError(str(e)) from None
     blob = grading.pack_module(path, lab)

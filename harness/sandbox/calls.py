@@ -20,7 +20,6 @@ from typing import Iterable
 import torch
 
 from . import probes, wire
-from .outside import cpu_seconds, anon_shmem_bytes, status_bytes, rss_peak, rss_reset
 from .wire import View
 from .worker import RemoteModule, RemoteObject, SandboxError
 
@@ -31,22 +30,21 @@ from .worker import RemoteModule, RemoteObject, SandboxError
 class Measurement:
     """What :func:`measure` saw during one call. Allocation fields as in
     ``harness.alloc.AllocationTracker`` (elements, bytes); ``ops``: ATen op names;
-    ``flops``: ``torch.utils.flop_counter`` total (None unless asked); ``comm``: the
-    communication counter's report (multi-rank, when asked); ``wall_s``: seconds of
-    the call measured by the grader; ``peak_rss_bytes``: the worker's peak resident
-    memory during the call from /proc (None in-process); ``peak_growth_bytes``: that
-    peak minus the worker's resident memory just before the request (so it counts the
-    request's decoded inputs too; None in-process); ``peak_over_start_bytes``: that growth
-    plus the memory the process held before the request beyond what it held when it was
-    forked, before the submission was imported (anonymous and shared memory, RssAnon +
-    RssShmem of /proc; so a buffer made at import or kept since an earlier call counts;
-    None in-process);
-    ``cpu_s``: the worker's CPU
-    seconds during the call from /proc (None in-process); ``triton_launches``: Triton
-    kernel launches during the call (``harness.sandbox.triton_launches``; None unless
-    asked). Allocation, ops, FLOPs, comm and launches are counted next to the
-    implementation, so a submission can blind them; wall, RSS and CPU time are read from
-    outside, where it cannot."""
+    ``flops``: ``torch.utils.flop_counter`` total, matrix-vector products included (None unless
+    asked); ``arith_elems``: the element operations FlopCounterMode leaves out (pointwise
+    outputs, reduction inputs; ``harness.alloc``); ``comm``: the communication counter's report
+    (multi-rank, when asked); ``wall_s``: seconds of the call measured by the grader.
+    Read from outside, for every process of the server (its cgroup, else /proc of its
+    subtree: ``harness.sandbox.outside``), None in-process: ``peak_rss_bytes``: its peak memory
+    during the call; ``peak_growth_bytes``: that peak minus its memory just before the request
+    (so it counts the request's decoded inputs too); ``peak_over_start_bytes``: that growth plus
+    the memory it held (anonymous and shmem: tmpfs included) before the request beyond what it
+    held when it started, before the submission was imported (so a buffer made at import or
+    kept since an earlier call counts); ``cpu_s``: its CPU seconds during the call (forked
+    processes and threads included). ``triton_launches``: Triton kernel launches during the
+    call (``harness.sandbox.triton_launches``; None unless asked). Allocation, ops, FLOPs, comm
+    and launches are counted next to the implementation, so a submission can blind them;
+    wall, memory and CPU time are read from outside, where it cannot."""
 
     max_numel: int = 0
     max_bytes: int = 0
@@ -63,6 +61,7 @@ class Measurement:
     peak_growth_bytes: int | None = None
     peak_over_start_bytes: int | None = None
     triton_launches: int | None = None
+    arith_elems: int | None = None
 
 
 def _num(extra, key):
@@ -91,7 +90,8 @@ def measurement_from(extra: dict, outside: dict) -> Measurement:
                        else max(0, held - start) + growth,
                        first_nonfinite=str(extra.get("nonfinite") or "")[:300],
                        comm=_comm_report(comm) if comm is not None else None, cpu_s=outside.get("cpu_s"),
-                       triton_launches=_num(extra, "triton_launches") if "triton_launches" in extra else None)
+                       triton_launches=_num(extra, "triton_launches") if "triton_launches" in extra else None,
+                       arith_elems=_num(extra, "arith_elems") if "arith_elems" in extra else None)
 
 
 def _comm_report(c) -> dict:
@@ -169,19 +169,17 @@ def run_probe(name: str, *, on=None, what: str = "", timeout: float | None = Non
                                 "rss_before_bytes": None, "held_before_bytes": None, "start_held_bytes": None,
                                 "cpu_s": None}
     sb, server = target._sandbox, target._server
-    w = sb.ensure()
-    pid = w.pid_of_server(server)
-    before, held = rss_reset(pid), anon_shmem_bytes(pid)
-    cpu0 = cpu_seconds(pid)
+    fig = sb.ensure().figures[server]
+    begun = fig.begin()
     t0 = time.perf_counter()
     op = {"op": "probe", "name": name, "keys": list(values)}
     value, figures = sb.send(op, {"v_" + k: v for k, v in values.items()}, what or f"{name} of {target._short}",
                              server=server, timeout=timeout, max_bytes=max_bytes)
     wall = time.perf_counter() - t0
-    cpu1 = cpu_seconds(pid)
-    return value, figures, {"wall_s": wall, "peak_rss_bytes": rss_peak(pid) if before is not None else None,
-                            "rss_before_bytes": before, "held_before_bytes": held, "start_held_bytes": w.start_held,
-                            "cpu_s": None if cpu0 is None or cpu1 is None else cpu1 - cpu0}
+    ended = fig.end(begun)
+    return value, figures, {"wall_s": wall, "peak_rss_bytes": ended["peak"], "rss_before_bytes": begun["memory"],
+                            "held_before_bytes": begun["held"], "start_held_bytes": fig.start_held,
+                            "cpu_s": ended["cpu_s"]}
 
 
 def measure(fn, *args, alloc: bool = True, ops: bool = True, flops: bool = False, forbid: Iterable[str] = (),
@@ -380,17 +378,19 @@ def restart(impl) -> None:
 
 
 def resident_bytes(obj) -> int | None:
-    """Live memory of the process that holds ``obj`` (a handle: a module, object or function
-    of the implementation), in bytes: its resident set (VmRSS from /proc, read by the trusted
-    side) after a garbage collection and ``malloc_trim`` there. State a submission hides from
-    introspection (a module-level dict, a ``SimpleNamespace``, a closure) still counts.
-    None in-process (``--sandbox none``) or where /proc cannot be read. Graders compare two
-    readings (before and after the state is built) on shapes where the state is far above the
-    allocator's noise (tens of MiB)."""
+    """Live memory of the server that holds ``obj`` (a handle: a module, object or function
+    of the implementation), in bytes: what it made (anonymous and shmem pages: tmpfs files and
+    shared memory included) after a garbage collection and ``malloc_trim`` there, for every
+    process it started (its cgroup, else /proc of its processes; ``harness.sandbox.outside``),
+    read by the trusted side. State a submission hides from introspection (a module-level
+    dict, a closure, a forked child, a file in /dev/shm) still counts. None in-process
+    (``--sandbox none``) or where it cannot be read. Graders compare two readings (before and
+    after the state is built) on shapes where the state is far above the allocator's noise
+    (tens of MiB)."""
     if not isinstance(obj, RemoteObject):
         return None
     run_probe("settle", target=obj, what=f"settling {obj._short}")
-    return status_bytes(obj._sandbox.ensure().pid_of_server(obj._server), "VmRSS")
+    return obj._sandbox.ensure().figures[obj._server].held()
 
 
 @contextlib.contextmanager

@@ -41,8 +41,10 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import errno
 import functools
 import glob
+import itertools
 import os
 import platform
 import re
@@ -61,15 +63,16 @@ from ..errors import LabsError
 # --- the trusted side ---------------------------------------------------------------------------
 
 def isolation_prefix() -> list[str]:
-    """``unshare`` prefix giving the worker no network, its own PID and mount namespaces
-    (so it cannot see or signal the grader, and gets its own view of the disk), when this host allows it."""
+    """``unshare`` prefix giving the worker no network and its own PID, IPC, UTS, cgroup and
+    mount namespaces (so it cannot see or signal the grader, shares no System V object with
+    the host or a later grading, and gets its own view of the disk), when this host allows it."""
     global _PREFIX
     if _PREFIX is not None:
         return _PREFIX
     _PREFIX = []
     exe = shutil.which("unshare")
     if exe and os.environ.get("LABS_SANDBOX_NO_NAMESPACES") != "1":
-        base = [exe, "--net", "--pid", "--fork", "--kill-child", "--mount", "--mount-proc"]
+        base = [exe, "--net", "--pid", "--ipc", "--uts", "--cgroup", "--fork", "--kill-child", "--mount", "--mount-proc"]
         for cand in ([base] if os.geteuid() == 0 else [base + ["--user", "--map-root-user"]]):
             try:
                 ok = subprocess.run(cand + ["true"], capture_output=True, timeout=20).returncode == 0
@@ -195,6 +198,14 @@ def stage_harness(workdir: str) -> str:
 
 
 
+def grader_side_files() -> list[str]:
+    """This process's harness modules that are not the worker's (``oracles``, ``testing``,
+    ``grading``, the front ends): a worker without namespaces must not be able to read them."""
+    top = Path(__file__).resolve().parent.parent
+    keep = set(worker_files())
+    return sorted(str(p) for p in top.rglob("*.py") if p.relative_to(top).as_posix() not in keep)
+
+
 def package_dirs() -> list[str]:
     """This interpreter's package directories on ``sys.path`` (``site-packages``,
     ``dist-packages``, those a ``.pth`` file added included): the worker, started with
@@ -217,6 +228,28 @@ def kill_all_of_uid(uid: int) -> None:
             os._exit(0)
     with contextlib.suppress(ChildProcessError):
         os.waitpid(pid, 0)
+
+
+def remove_ipc_of_uid(uid: int) -> list[str]:
+    """Remove every System V shared memory segment, message queue and semaphore set ``uid``
+    owns or created in this IPC namespace (``/proc/sysvipc``; a worker without an IPC
+    namespace of its own leaves them on the host otherwise); returns what was removed."""
+    IPC_RMID = 0
+    removed = []
+    for kind, ident, rm in (("shm", "shmid", lambda i: _libc.shmctl(i, IPC_RMID, None)),
+                            ("msg", "msqid", lambda i: _libc.msgctl(i, IPC_RMID, None)),
+                            ("sem", "semid", lambda i: _libc.semctl(i, 0, IPC_RMID))):
+        try:
+            lines = Path(f"/proc/sysvipc/{kind}").read_text().splitlines()
+        except OSError:
+            continue
+        head = lines[0].split() if lines else []
+        for line in lines[1:]:
+            row = dict(zip(head, line.split()))
+            if str(uid) in (row.get("uid"), row.get("cuid")) and row.get(ident, "").isdigit():
+                if rm(int(row[ident])) == 0:
+                    removed.append(f"{kind} {row[ident]}")
+    return removed
 
 
 # --- the worker side ----------------------------------------------------------------------------
@@ -396,23 +429,34 @@ def _drop_capabilities() -> bool:
     return _libc.capset(header, data) == 0
 
 
+PR_SET_CHILD_SUBREAPER = 36
+CLONE_NEWNS, CLONE_NEWIPC = 0x00020000, 0x08000000
+PRIVATE_TMP = (("/tmp", "1777"), ("/var/tmp", "1777"), ("/dev/shm", "1777"))  # each server's own
+
+
 def isolate(cfg: dict) -> list[str]:
-    """Steps 1-4 of the module docstring for this process; returns notes on what could not
-    be done. Raises IsolationError when the root cannot be built (the worker must not run)."""
+    """The launcher's steps 1-3 of the module docstring (loopback, root, limits), while it may
+    still be root in its namespaces; returns notes on what could not be done. Raises
+    IsolationError when the root cannot be built, or when there are no namespaces and no
+    other uid to drop to (student code never runs as the grader's user beside readable
+    graders: an infrastructure failure). The launcher adopts every orphan of its servers
+    (a child subreaper; in a new pid namespace it is pid 1 anyway), so its process tree is
+    the whole worker."""
     notes = []
     if cfg.get("namespaces"):
         if not loopback_up():
             notes.append("could not bring up the private loopback")
         notes += _build_root(cfg)
-        work = "/tmp/work"
-        os.makedirs(work, exist_ok=True)
-        if cfg.get("uid") is not None:
-            os.chown(work, cfg["uid"], cfg["gid"])
-        os.chdir(work)
-        os.environ.update(HOME=work, TMPDIR=work, TRITON_CACHE_DIR=os.path.join(work, ".triton"),
-                          TORCHINDUCTOR_CACHE_DIR=os.path.join(work, ".inductor"), MPLCONFIGDIR=work)
+        os.chdir("/")
     else:
-        notes.append("no namespaces on this host: the worker sees the disk as its user may")
+        if cfg.get("uid") is None:
+            raise IsolationError("no namespaces on this host and no other user to run the submission as: "
+                                 "refusing to run student code as the grader's own user")
+        if _untraversable(sys.base_prefix):
+            raise IsolationError(f"no namespaces on this host, and the worker's user cannot reach the interpreter "
+                                 f"at {sys.base_prefix} (under {_untraversable(sys.base_prefix)})")
+        notes.append("no namespaces on this host: the worker sees the disk as its user may (every hidden path "
+                     "is checked unreadable before the submission runs)")
     mem = int(cfg.get("memory_mb", 0)) << 20
     limits = [(resource.RLIMIT_CORE, 0), (resource.RLIMIT_FSIZE, 256 << 20),
               (resource.RLIMIT_CPU, int(cfg.get("cpu_s", 3600))), (resource.RLIMIT_NPROC, int(cfg.get("nproc", 512)))]
@@ -425,20 +469,136 @@ def isolate(cfg: dict) -> list[str]:
             resource.setrlimit(what, (value, value))
         except (ValueError, OSError):
             notes.append(f"rlimit {what} not set")
-    if cfg.get("uid") is not None and not cfg.get("namespaces") and _untraversable(sys.base_prefix):
-        notes.append(f"not dropping to {cfg.get('user')}: it cannot reach {sys.base_prefix}")
-        cfg["uid"] = None
+    _libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
+    _libc.prctl(PR_SET_PDEATHSIG, 9, 0, 0, 0)
+    if os.getppid() == 1 and not cfg.get("namespaces"):
+        os._exit(3)  # the grader is already gone
+    return notes
+
+
+def isolate_server(cfg: dict) -> str:
+    """In a server, before anything of the submission: with namespaces, a mount and an IPC
+    namespace of its own with fresh tmpfs on ``PRIVATE_TMP`` (the ranks of one worker share
+    no file and no System V object: what they exchange crosses the measured loopback), its
+    working directory ``/tmp/work``; then :func:`drop`. Without namespaces, a fresh working
+    directory under the worker's, and every hidden path checked unreadable after the drop.
+    Returns the working directory. Raises IsolationError (an infrastructure failure)."""
+    if cfg.get("namespaces"):
+        if _libc.unshare(CLONE_NEWNS | CLONE_NEWIPC) != 0:
+            raise IsolationError(f"unshare of the server's mount and IPC namespaces: "
+                                 f"{os.strerror(ctypes.get_errno())}")
+        _mount(None, "/", None, MS_REC | MS_PRIVATE)
+        for d, mode in PRIVATE_TMP:
+            _fresh_tmpfs(d, mode)
+        work = "/tmp/work"
+    else:
+        work = os.path.join(cfg["workdir"], f"server-{os.getpid()}")
+    os.makedirs(work, exist_ok=True)
+    if cfg.get("uid") is not None and os.geteuid() == 0:
+        os.chown(work, cfg["uid"], cfg["gid"])
+    os.chdir(work)
+    os.environ.update(HOME=work, TMPDIR=work, TRITON_CACHE_DIR=os.path.join(work, ".triton"),
+                      TORCHINDUCTOR_CACHE_DIR=os.path.join(work, ".inductor"), MPLCONFIGDIR=work)
+    drop(cfg)
+    if not cfg.get("namespaces"):
+        readable = [h for h in cfg.get("hide", []) + cfg.get("private", [])
+                    if os.access(h, os.R_OK) or os.access(h, os.X_OK)]
+        if readable:
+            raise IsolationError(f"no namespaces on this host and the worker's user can read {readable[0]}: "
+                                 f"refusing to run student code beside readable hidden files")
+    return work
+
+
+MS_MOVE = 8192
+
+
+def _fresh_tmpfs(d: str, mode: str) -> None:
+    """A fresh tmpfs on ``d``, keeping what the root bound below it (a course or venv under
+    /tmp, the staged harness in the worker's directory): the old mount is moved aside, the
+    new one mounted, each top-level bind below the old one moved back to its path, and the
+    old tmpfs (the launcher's files) detached."""
+    binds = sorted((m for m in _mounts_under(d) if m != d), key=len)
+    tops = [m for m in binds if not any(_under(m, [o]) and m != o for o in binds)]
+    hold = f"/run/labs-old-{os.getpid()}" + d.replace("/", "-")  # /run is one tmpfs for every server
+    os.makedirs(hold, exist_ok=True)
+    _mount(d, hold, None, MS_MOVE)
+    _mount("tmpfs", d, "tmpfs", MS_NOSUID | MS_NODEV, f"mode={mode},size=512m")
+    for m in tops:
+        src = hold + m[len(d):]
+        if os.path.isdir(src):
+            os.makedirs(m, exist_ok=True)
+        else:
+            os.makedirs(os.path.dirname(m), exist_ok=True)
+            os.close(os.open(m, os.O_CREAT | os.O_WRONLY, 0o644))
+        _mount(src, m, None, MS_MOVE)
+    for parent in {os.path.dirname(m) for m in tops}:  # the fresh directories leading to them: not writable
+        while parent != d and parent.startswith(d):
+            os.chmod(parent, 0o755)
+            parent = os.path.dirname(parent)
+    if _libc.umount2(hold.encode(), MNT_DETACH) != 0:
+        raise IsolationError(f"detaching the launcher's {d}: {os.strerror(ctypes.get_errno())}")
+    os.rmdir(hold)
+
+
+def drop(cfg: dict) -> None:
+    """Step 4: give up the grader's powers for good: the grading's uid (groups cleared) when
+    started as root, or, still root in a user namespace, every capability (it cannot remount or
+    unmount its view); ``no_new_privs``; SIGKILL when the parent dies (after setuid, which
+    clears it)."""
     if cfg.get("uid") is not None and os.geteuid() == 0:
         os.setgroups([])
         os.setresgid(cfg["gid"], cfg["gid"], cfg["gid"])
         os.setresuid(cfg["uid"], cfg["uid"], cfg["uid"])
     if os.geteuid() == 0 and cfg.get("namespaces") and not _drop_capabilities():
-        notes.append("could not drop capabilities")
+        raise IsolationError("could not drop capabilities")
     _libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0)
-    _libc.prctl(PR_SET_PDEATHSIG, 9, 0, 0, 0)  # after setuid, which clears it
-    if os.getppid() == 1 and not cfg.get("namespaces"):
-        os._exit(3)  # the grader is already gone
-    return notes
+    _libc.prctl(PR_SET_PDEATHSIG, 9, 0, 0, 0)
+
+
+MADV_POPULATE_WRITE = 23  # Linux 5.14+: fault pages in writable, as a write to each would
+
+
+def private_memory() -> int:
+    """Give this (forked) server its own copy now of every page it still shares with the
+    launcher copy-on-write: ``madvise(MADV_POPULATE_WRITE)`` over the present, not exclusively
+    mapped pages of its private writable mappings (``/proc/self/pagemap`` bits 63 and 56). The
+    copies are charged to the server's cgroup at once, so the memory charged to it later is
+    what it makes, not the pages a first call happens to write (about 60 MB on the first
+    torch call after a fork). Returns the bytes copied; 0 where the kernel cannot."""
+    import array
+    page = os.sysconf("SC_PAGE_SIZE")
+    present, exclusive = 1 << 63, 1 << 56
+    copied = 0
+    _libc.madvise.argtypes = (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int)
+    try:
+        maps = Path("/proc/self/maps").read_text().splitlines()
+        fd = os.open("/proc/self/pagemap", os.O_RDONLY)
+    except OSError:
+        return 0
+    try:
+        for line in maps:
+            fields = line.split()
+            if len(fields) < 2 or fields[1] != "rw-p":
+                continue
+            lo, hi = (int(x, 16) for x in fields[0].split("-"))
+            entries = array.array("Q")
+            entries.frombytes(os.pread(fd, (hi - lo) // page * 8, lo // page * 8))
+            start = None
+            for i, e in enumerate(itertools.chain(entries, [0])):
+                shared = e & present and not e & exclusive
+                if shared and start is None:
+                    start = i
+                elif not shared and start is not None:
+                    n = (i - start) * page
+                    if _libc.madvise(lo + start * page, n, MADV_POPULATE_WRITE) != 0:
+                        if ctypes.get_errno() == errno.EINVAL:  # an older kernel: nothing to do
+                            return copied
+                    else:
+                        copied += n
+                    start = None
+    finally:
+        os.close(fd)
+    return copied
 
 
 def loopback_up() -> bool:

@@ -8,6 +8,7 @@ loopback carried. A submission sees none of them and cannot write them.
 """
 from __future__ import annotations
 
+import contextlib
 import os
 from pathlib import Path
 
@@ -123,3 +124,83 @@ def tcp_retransmits(pid: int | None) -> int | None:
         return int(dict(zip(*rows))["RetransSegs"])
     except (ValueError, KeyError, TypeError):
         return None
+
+
+def subtree(pid: int, launcher: int | None = None, servers=()) -> list[int]:
+    """``pid`` and its descendants; with ``launcher`` (which adopts every orphan of the worker)
+    also what it adopted, i.e. its children that are none of ``servers``, and theirs: a daemon a
+    server started counts for that server (and for every other one: it cannot be told apart)."""
+    own = [pid] + descendants(pid)
+    if launcher is None:
+        return own
+    adopted = []
+    with contextlib.suppress(OSError, ValueError):
+        for tid in os.listdir(f"/proc/{launcher}/task"):
+            adopted += [int(k) for k in Path(f"/proc/{launcher}/task/{tid}/children").read_text().split()
+                        if int(k) not in servers]
+    return own + [p for k in adopted for p in [k] + descendants(k) if p not in own]
+
+
+def _sum(pids, fn) -> int | None:
+    vals = [fn(p) for p in pids]
+    vals = [v for v in vals if v is not None]
+    return sum(vals) if vals else None
+
+
+class AllServers:
+    """The CPU seconds of every server of a worker together (its ranks: one waiting in a
+    collective while a peer computes is progress, not a hang)."""
+
+    def __init__(self, figures: list):
+        self.figures = list(figures)
+
+    def cpu(self) -> float | None:
+        vals = [f.cpu() for f in self.figures]
+        return None if not vals or any(v is None for v in vals) else sum(vals)
+
+
+class Figures:
+    """What the trusted side reads about one server from outside: its memory now, at its peak
+    during a request and held (anonymous + shmem, tmpfs included), its CPU seconds. From the
+    server's cgroup where the worker has them (every process it started, exited ones' CPU
+    included, every page charged to it: ``harness.sandbox.cgroups``); else from ``/proc`` of
+    every process of its subtree (:func:`subtree`), summed. ``start_held``: its held memory when
+    it started, before the submission was imported (so a buffer made at import counts later)."""
+
+    def __init__(self, pid: int, group=None, launcher: int | None = None, servers=()):
+        self.pid, self.group, self.launcher, self.servers = pid, group, launcher, set(servers)
+        self.start_held = self.held()
+
+    def _pids(self) -> list[int]:
+        return subtree(self.pid, self.launcher, self.servers)
+
+    def memory(self) -> int | None:
+        if self.group is not None:
+            return self.group.memory_bytes()
+        return _sum(self._pids(), lambda p: status_bytes(p, "VmRSS"))
+
+    def held(self) -> int | None:
+        if self.group is not None:
+            return self.group.held_bytes()
+        return _sum(self._pids(), anon_shmem_bytes)
+
+    def cpu(self) -> float | None:
+        if self.group is not None:
+            return self.group.cpu_seconds()
+        return _sum(self._pids(), cpu_seconds)
+
+    def begin(self) -> dict:
+        """Before a request: the peak starts afresh; ``memory``, ``held``, ``cpu`` now."""
+        if self.group is not None:
+            self.group.reset_peak()
+        else:
+            for p in self._pids():
+                rss_reset(p)
+        return {"memory": self.memory(), "held": self.held(), "cpu": self.cpu()}
+
+    def end(self, begun: dict) -> dict:
+        """After it: ``peak`` memory during it and its ``cpu_s``."""
+        peak = self.group.peak_bytes() if self.group is not None else _sum(self._pids(), rss_peak)
+        cpu = self.cpu()
+        return {"peak": peak if begun["memory"] is not None else None,
+                "cpu_s": None if cpu is None or begun["cpu"] is None else cpu - begun["cpu"]}

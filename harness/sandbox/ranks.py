@@ -5,10 +5,11 @@ Graders of the distributed labs (01 all-reduce, 02 ZeRO) call::
     results = harness.toolkit.run_ranks(body, W, *args, impl=impl, timeout=20)
 
 The W ranks are W request loops of one sandboxed worker (``harness.sandbox``):
-they share the worker's private network namespace and /tmp, join a fresh
-``torch.distributed`` process group through a ``FileStore`` there (gloo on CPU
-over the private loopback; nccl with ``device="cuda"`` and at least W GPUs), and
-reach nothing else. Only values cross back (the wire format; never pickle).
+they share the worker's private network namespace and nothing else (each has its own
+``/tmp``, ``/dev/shm`` and System V IPC), join a fresh ``torch.distributed`` process
+group through a ``TCPStore`` rank 0 serves on the private loopback (gloo on CPU over
+the loopback; nccl with ``device="cuda"`` and at least W GPUs), and reach nothing
+else, so whatever they exchange crosses the loopback the grader measures. Only values cross back (the wire format; never pickle).
 
 ``body(rk, *args, **kwargs)`` is grader code and runs in the *trusted* process,
 one thread per rank, driving its rank through ``rk`` (a :class:`RankProxy`):
@@ -38,7 +39,6 @@ import atexit
 import contextlib
 import dataclasses
 import itertools
-import os
 import threading
 import time
 from pathlib import Path
@@ -51,7 +51,8 @@ from . import isolation
 from .outside import loopback_tx_bytes, tcp_retransmits
 from .probes.comm import COLLECTIVES, DATA_COLLECTIVES, P2P  # noqa: F401  (graders name them)
 from .wire import View  # noqa: F401  (graders send views with their base)
-from .worker import Budget, RemoteModule, Sandbox, SandboxError, WorkerConfig, WorkerCrashed, WorkerTimeout
+from .worker import (HARD_CAP, Budget, RemoteModule, Sandbox, SandboxError, WorkerConfig, WorkerCrashed,
+                     WorkerTimeout)
 
 ERROR_GRACE_S = 3.0  # after one rank fails, how long the others get to report before the worker is killed
 _GLOO_TIMEOUT = "Timed out waiting"
@@ -359,8 +360,7 @@ def run(body: Callable, world_size: int, *args, impl, timeout: float = 30.0, dev
     sb.failed = None
     sb.begin_test()
     proxies = [RankProxy(group, r, world_size, device, backend) for r in range(world_size)]
-    store = f"pg-{os.getpid()}-{next(group.runs)}.store"
-    pg_timeout = max(1.0, timeout - ERROR_GRACE_S - 1.0)  # gloo reports where it waited before we give up
+    pg_timeout = max(1.0, timeout * HARD_CAP)  # the run's watch stops a deadlock; gloo must not stop a slow peer
     results: dict[int, Any] = {}
     errors: dict[int, BaseException] = {}
     done = threading.Event()
@@ -368,7 +368,7 @@ def run(body: Callable, world_size: int, *args, impl, timeout: float = 30.0, dev
     def drive(rk: RankProxy):
         try:
             _sb.run_probe("init_pg", on=rk.impl, rank=rk.rank, world_size=world_size, backend=backend,
-                          store_path=store, timeout_s=pg_timeout, what=f"rank {rk.rank}: joining the group")
+                          port=port, timeout_s=pg_timeout, what=f"rank {rk.rank}: joining the group")
             rk.note("running the test body")
             value = body(rk, *args, **kwargs)
             _sb.run_probe("destroy_pg", on=rk.impl, what=f"rank {rk.rank}: leaving the group")
@@ -377,6 +377,11 @@ def run(body: Callable, world_size: int, *args, impl, timeout: float = 30.0, dev
             errors[rk.rank] = e
             done.set()
 
+    try:  # the run's store, served by rank 0 (the ranks share no file system)
+        port = _sb.run_probe("store", on=proxies[0].impl, world_size=world_size, timeout_s=pg_timeout,
+                             what="rank 0: serving the group's store")[0]
+    except (WorkerTimeout, WorkerCrashed) as e:
+        raise RankError(f"W={world_size}: rank 0 could not serve the group's store: {e}") from None
     threads = [threading.Thread(target=drive, args=(rk,), daemon=True, name=f"labs-rank{rk.rank}")
                for rk in proxies]
     namespaced = bool(isolation.isolation_prefix())
@@ -385,13 +390,20 @@ def run(body: Callable, world_size: int, *args, impl, timeout: float = 30.0, dev
     start = time.monotonic()
     for t in threads:
         t.start()
-    deadline = start + timeout
+    watch = sb.worker.watch(0, timeout)  # a deadlock waits; ranks computing on a loaded machine do not
+    deadline, next_check = watch.deadline, start + 0.25
     for t in threads:
         while t.is_alive():
             now = time.monotonic()
             limit = deadline if not done.is_set() else min(deadline, first_error_at(done, start))
             if now >= limit:
                 break
+            if now >= next_check:
+                next_check = now + 0.25
+                try:
+                    watch.check()
+                except TimeoutError:
+                    break
             t.join(timeout=min(0.05, max(0.0, limit - now)))
         if t.is_alive():
             break

@@ -1,27 +1,28 @@
 """The untrusted side: a launcher that isolates itself, then W servers that import one submission.
 
 Started by ``harness.sandbox.worker.Worker`` as ``python -I -c "...server.main()"``
-(behind ``unshare --net --pid --mount`` where the host allows), in an empty
-temporary directory, with a scrubbed environment (no seed, no ``LABS_*``). Its
-first frame, ``init``, arrives on stdin (the control pipe). Then, still harness
-code:
+(behind ``unshare --net --pid --ipc --uts --cgroup --mount`` where the host allows, inside
+the worker's cgroup), in an empty temporary directory, with a scrubbed environment (no
+seed, no ``LABS_*``). Its first frame, ``init``, arrives on stdin (the control socket).
+Then, still harness code:
 
-1. :func:`harness.sandbox.isolation.isolate`: private loopback, hidden paths,
-   fresh tmpfs, resource limits, another user;
+1. :func:`harness.sandbox.isolation.isolate`: private loopback, the allow-list root,
+   resource limits; the launcher adopts every orphan of the worker;
 2. fds 0-2: stdin reads ``/dev/null``, stdout and stderr go to the log the grader
-   reads on a crash;
-3. the submitted source (sent in the frame: the staged file needs no access) is
-   written to ``impl/<module>.py``;
-4. one process is forked per channel (one for a single-process lab, W for the
-   ranks of a multi-rank lab: they share the private loopback and /tmp, so they
-   reach each other and nothing else); each imports the submission by path,
-   checks it against the stub's names and signatures, answers ``ready`` on its
-   own channel and serves requests until ``exit`` or EOF.
+   reads on a crash; torch, the probes and their stand-ins are imported and installed;
+3. one process is forked per channel (one for a single-process lab, W for the ranks of
+   a multi-rank lab: they share the private loopback, and nothing else: each gets its own
+   ``/tmp``, ``/dev/shm`` and System V IPC, then the grading's uid,
+   :func:`harness.sandbox.isolation.isolate_server`); each writes the submitted source
+   (sent in the frame) to ``/tmp/work/impl/<module>.py``, says ``forked`` and waits until
+   the grader has moved it into its own cgroup, makes its memory its own
+   (:func:`harness.sandbox.isolation.private_memory`), imports the submission by path,
+   answers ``ready`` on its channel and serves requests until ``exit`` or EOF;
+4. the launcher drops its own powers too and stays behind to hold the namespaces; when
+   the grader closes the control socket it kills the servers and exits.
 
-The launcher itself stays behind to hold the namespaces; when the grader closes
-the control pipe it kills the servers and exits. Every answer is a plain value
-(see ``harness.sandbox.wire``) or a handle id; nothing a server says is trusted
-beyond being a value to check.
+Every answer is a plain value (see ``harness.sandbox.wire``) or a handle id; nothing a
+server says is trusted beyond being a value to check.
 """
 from __future__ import annotations
 
@@ -39,8 +40,8 @@ from . import isolation, probes, triton_launches, wire
 class Server:
     """One request loop next to the implementation module."""
 
-    def __init__(self, fd_in: int, fd_out: int, module, missing: dict | None = None):
-        self.reader = wire.Reader(fd_in)
+    def __init__(self, reader: wire.Reader, fd_out: int, module, missing: dict | None = None):
+        self.reader = reader
         self.fd_out = fd_out
         self.module = module
         self.missing = dict(missing or {})  # contract names the module lacks: using one fails that test
@@ -88,7 +89,8 @@ class Server:
         own = {__file__, wire.__file__, *(m.__file__ for m in probes.FAMILIES)}
         while frames and frames[0].filename in own:  # the server's own frames
             frames = traceback.StackSummary.from_list(frames[1:])
-        tb = "".join(traceback.format_list(frames[-10:]) + traceback.format_exception_only(type(e), e))
+        tb = _traceback(frames, getattr(self.module, "__file__", None))[-2500:] + \
+            "".join(traceback.format_exception_only(type(e), e))[:500]
         try:
             msg = str(e)
         except BaseException:
@@ -169,6 +171,21 @@ class Server:
         self.reply(value, {k: v for k, v in figures.items() if k != "keep"}, as_handle=bool(figures.get("keep")))
 
 
+def _traceback(frames, mine: str | None) -> str:
+    """The frames a student reads: every frame in their own module (the last 6: file and line of
+    their code, however deep torch's frames below them go) and the last 4, in order, with a
+    ``...`` where frames are left out."""
+    keep = {i for i, f in enumerate(frames) if f.filename == mine}
+    keep = set(sorted(keep)[-6:]) | set(range(max(0, len(frames) - 4), len(frames)))
+    out, last = [], -1
+    for i in sorted(keep):
+        if i != last + 1:
+            out.append("  ...\n")
+        out += traceback.format_list([frames[i]])
+        last = i
+    return "".join(out)
+
+
 def _note_writer(fd: int):
     def write(msg: str) -> None:
         data = msg.encode("utf-8", "replace")[:399]
@@ -179,12 +196,28 @@ def _note_writer(fd: int):
     return write
 
 
-def _serve_rank(header: dict, channel: list, src_path: str, contract) -> None:
-    """In a forked child: import the submission, say ready on ``channel``, serve."""
+def _serve_rank(header: dict, channel: list, contract) -> None:
+    """In a forked child: isolate it (its own /tmp and IPC, the grading's uid), wait until the
+    grader has put it in its cgroup, make its memory its own, import the submission, say ready
+    on ``channel``, serve."""
     fd_in, fd_out, fd_note = channel
     probes.common.note = _note_writer(fd_note)
-    libc = ctypes.CDLL(None, use_errno=True)
-    libc.prctl(isolation.PR_SET_PDEATHSIG, 9, 0, 0, 0)
+    try:
+        work = isolation.isolate_server(header)
+        src_path = os.path.join(work, "impl", header["module_filename"])
+        os.makedirs(os.path.dirname(src_path), exist_ok=True)
+        with open(src_path, "w") as f:
+            f.write(header["module_source"])
+    except BaseException as e:  # noqa: BLE001 - before any student code: an infrastructure failure
+        wire.write_frame(fd_out, {"ok": False, "infra": f"{type(e).__name__}: {e}"[:4000]})
+        return
+    reader = wire.Reader(fd_in)
+    wire.write_frame(fd_out, {"forked": os.getpid()})  # the grader moves this process into its cgroup...
+    if reader.read_frame()[0].get("op") != "go":  # ... then says go
+        return
+    wire.write_frame(fd_out, {"private": isolation.private_memory()})  # the grader reads where we start...
+    if reader.read_frame()[0].get("op") != "import":  # ... then says import
+        return
     try:
         mod = _impl.load_module(src_path)
     except _impl.ImplError as e:
@@ -200,7 +233,7 @@ def _serve_rank(header: dict, channel: list, src_path: str, contract) -> None:
         api = list(header.get("api", []))
     probes.common.API.update(module=mod.__name__, contract=contract)
     wire.write_frame(fd_out, {"ok": True})
-    Server(fd_in, fd_out, mod, _impl.missing_names(mod, _Lab)).serve()
+    Server(reader, fd_out, mod, _impl.missing_names(mod, _Lab)).serve()
 
 
 def _hold(fd_ctl: int, note_of: dict) -> None:
@@ -231,7 +264,7 @@ def _hold(fd_ctl: int, note_of: dict) -> None:
 def main():
     import socket
     fd_ctl = os.dup(0)
-    fd_ctl_in = fd_ctl_out = fd_ctl
+    fd_ctl_out = fd_ctl
     reader = wire.Reader(fd_ctl)
     header, _ = reader.read_frame()
     try:
@@ -259,14 +292,11 @@ def main():
                 importlib.import_module(name)
             probes.comm.install_comm_hooks()  # before the submission can save a reference to anything it wraps
         probes.guards.install_guards()  # likewise: the dispatch-stack bindings and the measurements' own methods
-        os.makedirs("impl", exist_ok=True)
-        src_path = os.path.abspath(os.path.join("impl", header["module_filename"]))
-        with open(src_path, "w") as f:
-            f.write(header["module_source"])
         contract = None
-        if header.get("stub_source") is not None:
-            os.makedirs("contract", exist_ok=True)
-            stub = os.path.abspath(os.path.join("contract", header["module_filename"]))
+        if header.get("stub_source") is not None:  # the launcher's own scratch: no server sees the file
+            scratch = os.path.join("/run" if header.get("namespaces") else header["workdir"], "contract")
+            os.makedirs(scratch, exist_ok=True)
+            stub = os.path.join(scratch, header["module_filename"])
             with open(stub, "w") as f:
                 f.write(header["stub_source"])
             contract = _impl.load_module(stub)
@@ -285,7 +315,7 @@ def main():
                         for fd in other:
                             os.close(fd)
                 os.close(fd_ctl)
-                _serve_rank(header, channel, src_path, contract)
+                _serve_rank(header, channel, contract)
             except BaseException:  # noqa: BLE001
                 code = 70
             finally:
@@ -294,6 +324,11 @@ def main():
     for channel in channels:
         for fd in channel[:2]:
             os.close(fd)
+    try:
+        isolation.drop(header)  # the launcher runs no student code, and holds no power either
+    except BaseException as e:  # noqa: BLE001
+        wire.write_frame(fd_ctl_out, {"ok": False, "error": f"the sandbox could not start: {e}"[:4000]})
+        return
     wire.write_frame(fd_ctl_out, {"ok": True, "notes": notes, "servers": len(pids)})
     _hold(fd_ctl, {pid: ch[2] for pid, ch in zip(pids, channels)})
     for pid in pids:

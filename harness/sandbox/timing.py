@@ -28,12 +28,15 @@ OUTSIDE_MARGIN = 0.25    # unexplained outside time allowed, as a fraction of th
 OUTSIDE_FIXED_S = 2e-3   # ... plus this, plus twice the measured round trip and copy of the inputs
 CPU_TICK_S = 0.03        # /proc CPU times count clock ticks (10 ms): both ends' rounding and a margin
 BASELINE_TOLERANCE = 3.0  # a trusted baseline's worker median is graded within this factor of ours
+MAX_ROUNDS = 3            # measurements of one ratio at most, while its interval straddles a band edge
 
 
 @dataclasses.dataclass
 class Timed:
-    """What :func:`timed` graded. ``ratio = candidate_s / baseline_s`` (lower is better);
-    ``candidate_s``, ``baseline_s``: the medians graded (seconds per call); ``outside``:
+    """What :func:`timed` graded. ``ratio``: the median of the interleaved rounds' ratios
+    (candidate / baseline, lower is better; ``pairs``), with its ``interval``; where the
+    candidate is graded on the outside figure, ``candidate_s / baseline_s``, a point;
+    ``candidate_s``, ``baseline_s``: the medians (seconds per call); ``outside``:
     True when the candidate's in-process figures disagreed with the outside total (the
     worker's CPU time from /proc on CPU, the wall clock on CUDA) and ``candidate_s`` is
     the outside figure; ``baseline_outside``: True when a trusted
@@ -47,6 +50,8 @@ class Timed:
     outside: bool = False
     baseline_outside: bool = False
     figures: dict = dataclasses.field(default_factory=dict)
+    interval: tuple = (math.nan, math.nan)  # the ratio's ~95% interval (a point where graded from outside)
+    pairs: list = dataclasses.field(default_factory=list)  # per interleaved round: candidate / baseline
 
 
 def _samples(fig, key, n=None) -> list:
@@ -71,11 +76,49 @@ def _median_of(fn, n=5, clock=None) -> float:
     return sorted(out)[n // 2]
 
 
-def timed(candidate, baseline, inputs, *, warmup_inputs, check=None, kwargs: dict | None = None,
-          baseline_kwargs: dict | None = None, forbid: Iterable[str] = (), forbid_ops: Iterable[str] = (),
-          reason: str = "the contract forbids it", device="cpu", repeats: int | None = None,
-          backend: str | None = None, no_grad: bool = True, verify_baseline: bool = True,
-          threads: int | None = None, timeout: float | None = None) -> Timed:
+def timed(candidate, baseline, inputs, *, edges=None, rounds: int = MAX_ROUNDS, **opts) -> Timed:
+    """:func:`timed_once` until the ratio's interval lies inside one band: the median of the
+    interleaved pairs' ratios (candidate / baseline, one pair per round of calls) and its ~95%
+    interval from the pairs' order statistics (``Timed.interval``); while that interval holds one
+    of ``edges`` (a perf threshold's band edges, ``PerfThreshold.edges()``) another measurement
+    adds its pairs, at most ``rounds`` in all, so a regrade on the same machine lands in the
+    same band. A ratio graded on the outside figure (``Timed.outside``) is a point: no interval,
+    no further rounds. Same arguments as :func:`timed_once`."""
+    t = timed_once(candidate, baseline, inputs, **opts)
+    pairs = list(t.pairs)
+    for _ in range(max(0, rounds - 1)):
+        if t.outside or not edges or not any(t.interval[0] < e < t.interval[1] for e in edges):
+            break
+        more = timed_once(candidate, baseline, inputs, **opts)
+        if more.outside:
+            return more
+        pairs += more.pairs
+        t = _with_pairs(more, pairs)
+    return t
+
+
+def _with_pairs(t: Timed, pairs: list) -> Timed:
+    """``t`` graded on ``pairs``: its ratio their median, its interval their order statistics."""
+    ratio, interval = _pair_ratio(pairs)
+    figures = {**t.figures, "ratio": ratio, "ratio_lo": interval[0], "ratio_hi": interval[1], "pairs": len(pairs)}
+    return dataclasses.replace(t, ratio=ratio, interval=interval, pairs=list(pairs), figures=figures)
+
+
+def _pair_ratio(pairs: list) -> tuple[float, tuple[float, float]]:
+    """The median of ``pairs`` and a ~95% interval of it: the order statistics ``k`` and
+    ``n - 1 - k`` of the sorted ratios with ``k = floor((n - 1.96 sqrt(n)) / 2)`` (the sign
+    test's binomial interval for a median, normal approximation)."""
+    xs = sorted(pairs)
+    n = len(xs)
+    k = max(0, int((n - 1.96 * math.sqrt(n)) // 2))
+    return bench._median(xs), (xs[k], xs[n - 1 - k])
+
+
+def timed_once(candidate, baseline, inputs, *, warmup_inputs, check=None, kwargs: dict | None = None,
+               baseline_kwargs: dict | None = None, forbid: Iterable[str] = (), forbid_ops: Iterable[str] = (),
+               reason: str = "the contract forbids it", device="cpu", repeats: int | None = None,
+               backend: str | None = None, no_grad: bool = True, verify_baseline: bool = True,
+               threads: int | None = None, timeout: float | None = None) -> Timed:
     """Time ``candidate(*args, **kwargs)`` against ``baseline(*args, **baseline_kwargs)``
     next to the implementation, interleaved (``harness.bench.run_interleaved``: >= 3
     warm-up calls on ``warmup_inputs``, a cache flush before every call, CUDA events
@@ -235,8 +278,16 @@ def timed(candidate, baseline, inputs, *, warmup_inputs, check=None, kwargs: dic
     if used_outside:
         implied = (out_total - fixed - (n_c + n_b) * per_call - b_share) / n_c
         c_s = max(c_s, implied)
-    ratio = c_s / b_s if b_s > 0 else math.inf
-    report = {"flush_s": flush_s, "loop_overhead_s": loop_s, "copy_s": copy_s, "rtt_s": rtt_s,
+    pairs = [c / b if b > 0 else math.inf for c, b in zip(c_times, b_times)]
+    if used_outside:  # the outside figure is one number: the ratio is a point
+        ratio = c_s / b_s if b_s > 0 else math.inf
+        interval = (ratio, ratio)
+    else:
+        ratio, interval = _pair_ratio(pairs)
+        if baseline_outside:  # the baseline's median was clamped: scale the pairs' ratio likewise
+            scale = median(b_times) / b_s if b_s > 0 else 1.0
+            ratio, interval = ratio * scale, (interval[0] * scale, interval[1] * scale)
+    report = {"ratio": ratio, "ratio_lo": interval[0], "ratio_hi": interval[1], "pairs": len(pairs), "flush_s": flush_s, "loop_overhead_s": loop_s, "copy_s": copy_s, "rtt_s": rtt_s,
               "candidate_s": c_s, "baseline_s": b_s, "claimed_candidate_s": median(c_times),
               "claimed_baseline_s": median(b_times), "outside_total_s": out_total, "outside_clock":
               "cpu" if on_cpu else "wall", "claimed_s": claimed, "unexplained_s": unexplained,
@@ -244,4 +295,4 @@ def timed(candidate, baseline, inputs, *, warmup_inputs, check=None, kwargs: dic
     if b_local is not None:
         report["local_baseline_s"] = b_local
     return Timed(ratio=ratio, candidate_s=c_s, baseline_s=b_s, outside=used_outside,
-                 baseline_outside=baseline_outside, figures=report)
+                 baseline_outside=baseline_outside, figures=report, interval=interval, pairs=pairs)

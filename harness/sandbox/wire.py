@@ -268,24 +268,29 @@ class Reader:
     def __init__(self, fd: int):
         self.fd = fd
 
-    def _read(self, n: int, deadline: float | None) -> bytes:
+    def _read(self, n: int, deadline: float | None, check=None) -> bytes:
         out = bytearray()
         while len(out) < n:
-            if deadline is not None:
-                left = deadline - time.monotonic()
-                if left <= 0:
+            while deadline is not None or check is not None:
+                left = None if deadline is None else deadline - time.monotonic()
+                if left is not None and left <= 0:
                     raise TimeoutError
-                r, _, _ = select.select([self.fd], [], [], left)
-                if not r:
-                    raise TimeoutError
+                r, _, _ = select.select([self.fd], [], [], 0.25 if left is None else min(left, 0.25))
+                if r:
+                    break
+                if check is not None:
+                    check()  # raises TimeoutError to give up
             chunk = os.read(self.fd, min(n - len(out), 1 << 24))
             if not chunk:
                 raise EOFError
             out += chunk
         return bytes(out)
 
-    def read_frame(self, deadline: float | None = None, max_bytes: int = MAX_FRAME_BYTES) -> tuple[dict, list]:
-        (n,) = _LEN.unpack(self._read(8, deadline))
+    def read_frame(self, deadline: float | None = None, max_bytes: int = MAX_FRAME_BYTES,
+                   check=None) -> tuple[dict, list]:
+        """One frame; at most until ``deadline`` (monotonic), and ``check()`` is called every
+        quarter second while waiting for its first bytes (it raises TimeoutError to give up)."""
+        (n,) = _LEN.unpack(self._read(8, deadline, check))
         if n > MAX_HEADER:
             raise WireError(f"header of {n} bytes")
         header = json.loads(self._read(n, deadline))

@@ -38,7 +38,8 @@ import torch
 
 from ..impl import APIMismatch
 from . import isolation, wire
-from .outside import descendants, anon_shmem_bytes, ns_pid
+from . import cgroups, outside
+from .outside import descendants, ns_pid
 from .wire import Handle, WireError
 from ..errors import ExitCode, LabsError
 
@@ -56,6 +57,16 @@ class WorkerCrashed(SandboxError):
 
 class WorkerTimeout(SandboxError):
     pass
+
+
+class NotRun(SandboxError):
+    """The submission's grading budget is spent (it timed out ``MAX_TIMEOUTS`` times or died
+    ``MAX_CRASHES`` times): this call, and its test, did not run (recorded as "not run", never
+    as a failure of what it would have graded). ``timed_out``: the budget went on timeouts."""
+
+    def __init__(self, message: str, timed_out: bool = False):
+        super().__init__(message)
+        self.timed_out = timed_out
 
 
 class SandboxStartError(SandboxError):
@@ -81,7 +92,8 @@ class WorkerConfig:
     memory_mb: int = 8192
     cpu_s: int = 3600
     nproc: int = 512
-    call_timeout_s: float = 300.0
+    call_timeout_s: float = 300.0  # wall seconds a call may wait without using CPU (a sleep, a deadlock)
+    call_cpu_s: float = 300.0      # CPU seconds a call may use (an endless loop): load cannot inflate it
     start_timeout_s: float = 120.0
     servers: int = 1
     ranks: bool = False   # the servers are ranks of a multi-rank lab (distributed imports preloaded)
@@ -96,11 +108,11 @@ class Budget:
 
     def check(self):
         if self.timeouts >= MAX_TIMEOUTS:
-            raise WorkerTimeout(f"the implementation timed out {self.timeouts} times; its remaining calls "
-                                f"fail without running (grading time is bounded)")
+            raise NotRun(f"not run: the implementation timed out {self.timeouts} times before this test; its "
+                         f"remaining tests are not run (grading time is bounded)", timed_out=True)
         if self.crashes >= MAX_CRASHES:
-            raise WorkerCrashed(f"the implementation's process died {self.crashes} times; its remaining calls "
-                                f"fail without running")
+            raise NotRun(f"not run: the implementation's process died {self.crashes} times before this test; its "
+                         f"remaining tests are not run")
 
 
 class _Channel:
@@ -162,7 +174,8 @@ class Worker:
         self.import_error: str | None = None
         self.generation = 0
         self.workdir: str | None = None
-        self.start_held: int | None = None  # the launcher's anonymous + shared bytes: a server's at its fork
+        self.groups: cgroups.WorkerGroups | None = None  # the worker's cgroups, where they can be made
+        self.figures: list[outside.Figures] = []  # per server: what the trusted side reads from outside
         self._log = None
         self._ctl: socket.socket | None = None
 
@@ -183,7 +196,10 @@ class Worker:
         # The control channel is a socket: the servers' pipes travel over it (SCM_RIGHTS) once the
         # launcher runs, so no process between us and it (unshare) holds a copy that would hide an EOF.
         ctl, ctl_child = socket.socketpair()
-        cmd = isolation.isolation_prefix() + [sys.executable, "-I", "-c", boot]
+        self.groups = cgroups.WorkerGroups.make(self.cfg.servers, pids=self.cfg.nproc,
+                                                memory_bytes=(self.cfg.memory_mb + 1024) * (self.cfg.servers + 1) << 20)
+        cmd = (self.groups.join_prefix() if self.groups else []) + isolation.isolation_prefix() + \
+            [sys.executable, "-I", "-c", boot]
         try:
             self.proc = subprocess.Popen(cmd, stdin=ctl_child.fileno(), stdout=ctl_child.fileno(), stderr=self._log,
                                          cwd=self.workdir, env=isolation.scrubbed_env(self.workdir),
@@ -198,7 +214,8 @@ class Worker:
         setup = {"op": "init", "uid": drop[0] if drop else None, "gid": drop[1] if drop else None,
                  "user": drop[2] if drop else None, "workdir": self.workdir,
                  "namespaces": bool(isolation.isolation_prefix()),
-                 "hide": [str(p) for p in self.cfg.hide], "memory_mb": self.cfg.memory_mb, "cpu_s": self.cfg.cpu_s,
+                 "hide": [str(p) for p in self.cfg.hide], "private": isolation.grader_side_files(),
+                 "memory_mb": self.cfg.memory_mb, "cpu_s": self.cfg.cpu_s,
                  "nproc": self.cfg.nproc, "harness_parent": harness_parent,
                  "package_dirs": isolation.package_dirs(),
                  "module_source": self.cfg.module_source, "module_filename": self.cfg.module_filename,
@@ -221,13 +238,32 @@ class Worker:
             self.kill()
             raise SandboxStartError(str(reply.get("error", "the sandbox could not start"))[:4000])
         self.notes = [str(n)[:300] for n in reply.get("notes", [])][:20]
+        # each server says it forked; we move it into its cgroup, it makes its memory its own and says
+        # so; we read where it starts from; then it imports the submission and says ready
+        try:
+            for i, c in enumerate(self.channels):
+                c.pid = self._place(i, self._frame(c, deadline, "forked"))
+                wire.write_frame(c.req_w, {"op": "go"})
+            for c in self.channels:
+                self._frame(c, deadline, "private")
+            launcher = self._launcher_pid()
+            self.figures = [outside.Figures(c.pid, self.groups.servers[i] if self.groups else None, launcher,
+                                            [x.pid for x in self.channels]) for i, c in enumerate(self.channels)]
+            for c in self.channels:
+                wire.write_frame(c.req_w, {"op": "import"})
+        except (TimeoutError, EOFError, OSError, WireError, ValueError) as e:
+            tail = self.output_tail()
+            self.kill()
+            raise SandboxStartError(f"a server of the sandbox could not start ({type(e).__name__}: {e})"
+                                    + (f"; its output:\n{tail}" if tail else "")) from None
         for i, c in enumerate(self.channels):
+            watch = self.watch(i)  # the import is a call like any other: the same limits
             try:
-                ready, _ = c.reader.read_frame(deadline, max_bytes=0)
+                ready, _ = c.reader.read_frame(watch.deadline, max_bytes=0, check=watch.check)
             except TimeoutError:
                 tail = self.output_tail()
                 self.kill()
-                raise WorkerTimeout(f"importing the implementation took longer than {self.cfg.start_timeout_s:.0f} s"
+                raise WorkerTimeout(f"importing the implementation: it {watch.why()}"
                                     + (f"; its last output:\n{tail}" if tail else "")) from None
             except (EOFError, OSError, WireError, ValueError):
                 tail = self.output_tail()
@@ -237,21 +273,44 @@ class Worker:
             if not ready.get("ok"):
                 self.import_error = str(ready.get("error", "import failed"))[:4000]
                 return
-        self._find_pids()
 
-    def _find_pids(self) -> None:
-        """Host pids of the servers (for /proc figures), matched by their order of creation."""
-        if self.proc is None:
-            return
-        kids = sorted(descendants(self.proc.pid))
-        launcher = [k for k in kids if ns_pid(k) in (1, None)] if isolation.isolation_prefix() else [self.proc.pid]
-        servers = [k for k in kids if k not in launcher]
-        servers.sort(key=lambda k: ns_pid(k) or k)
-        for c, pid in zip(self.channels, servers):
-            c.pid = pid
-        # the servers were forked from the launcher before importing the submission: what they
-        # hold beyond its resident memory came after (the submission's import, its calls)
-        self.start_held = anon_shmem_bytes(launcher[0]) if launcher and servers else None
+    @staticmethod
+    def _frame(c: "_Channel", deadline: float, key: str) -> dict:
+        """The next start-up frame of a server, which must carry ``key`` (before the submission is
+        imported: anything else is an infrastructure failure)."""
+        frame, _ = c.reader.read_frame(deadline, max_bytes=0)
+        if "infra" in frame:
+            raise ValueError(str(frame["infra"])[:2000])
+        if key not in frame:
+            raise ValueError(f"expected {key!r}, got {sorted(frame)[:5]}")
+        return frame
+
+    def _launcher_pid(self) -> int:
+        """The launcher's host pid (the child of ``unshare`` that is pid 1 of the new namespace)."""
+        if isolation.isolation_prefix():
+            found = [k for k in descendants(self.proc.pid) if ns_pid(k) == 1]
+            if found:
+                return found[0]
+        return self.proc.pid
+
+    def _place(self, i: int, frame: dict) -> int:
+        """The host pid of server ``i`` (it reported its pid in its own namespace), moved into its
+        cgroup before it runs a line of the submission."""
+        theirs = frame.get("forked")
+        if not isinstance(theirs, int):
+            raise ValueError("a malformed forked frame")
+        if isolation.isolation_prefix():
+            found = [k for k in descendants(self.proc.pid) if ns_pid(k) == theirs]
+            if len(found) != 1:
+                raise ValueError(f"server {i} (pid {theirs} in its namespace) not found among the worker's processes")
+            pid = found[0]
+        else:
+            pid = theirs
+            if pid not in descendants(self.proc.pid):
+                raise ValueError(f"server {i} (pid {pid}) is not a process of this worker")
+        if self.groups is not None:
+            self.groups.servers[i].add(pid)
+        return pid
 
     @property
     def alive(self) -> bool:
@@ -260,6 +319,16 @@ class Worker:
     def pid_of_server(self, i: int = 0) -> int | None:
         return self.channels[i].pid if i < len(self.channels) else None
 
+    def watch(self, server: int, wall_s: float | None = None) -> "CallWatch":
+        """The limits of one call to ``server`` (see :class:`CallWatch`): the ranks of a multi-rank
+        lab are watched together (a rank waiting for a busy peer is not hung)."""
+        wall_s = self.cfg.call_timeout_s if wall_s is None else wall_s
+        cpu_s = self.cfg.call_cpu_s if wall_s == self.cfg.call_timeout_s else min(self.cfg.call_cpu_s,
+                                                                                   wall_s * CPU_PER_WALL)
+        if self.cfg.ranks and self.figures:
+            return CallWatch(outside.AllServers(self.figures), wall_s, cpu_s * len(self.figures))
+        return CallWatch(self.figures[server] if server < len(self.figures) else None, wall_s, cpu_s)
+
     def terminate(self) -> None:
         """SIGKILL the launcher and its servers, leaving pipes open (other threads may be
         reading them: they see EOF). Safe to call from any thread, any number of times."""
@@ -267,6 +336,9 @@ class Worker:
         if proc is not None:
             with contextlib.suppress(ProcessLookupError, PermissionError, OSError):
                 os.killpg(proc.pid, signal.SIGKILL)
+        groups = self.groups
+        if groups is not None:  # what left the process group (setsid) is still in the cgroup
+            groups.worker.kill(timeout_s=2.0)
 
     def kill(self) -> None:
         if self.proc is not None:
@@ -279,7 +351,12 @@ class Worker:
             drop = isolation.worker_uid()
             if drop and drop[2] != "nobody" and not isolation.isolation_prefix():
                 isolation.kill_all_of_uid(drop[0])  # a dedicated uid: leftovers (setsid daemons) die too
+                isolation.remove_ipc_of_uid(drop[0])  # and the System V objects it made (no IPC namespace)
         self.proc = None
+        if self.groups is not None:  # whatever is left in the worker's cgroups dies, and they go
+            self.groups.remove()
+            self.groups = None
+        self.figures = []
         if self._ctl is not None:
             with contextlib.suppress(OSError):
                 self._ctl.close()
@@ -315,14 +392,15 @@ class Worker:
         timeout = self.cfg.call_timeout_s if timeout is None else timeout
         sent = sum(len(b) for b in buffers)
         limit = max_bytes if max_bytes is not None else 4 * sent + REPLY_SLACK_BYTES
+        watch = self.watch(server, timeout)
         try:
             wire.write_frame(c.req_w, header, buffers)
-            return c.reader.read_frame(time.monotonic() + timeout, max_bytes=limit)
+            return c.reader.read_frame(watch.deadline, max_bytes=limit, check=watch.check)
         except TimeoutError:
             tail = self.output_tail()
             cleanup()
-            raise WorkerTimeout(f"the implementation did not answer within {timeout:.0f} s ({what}); its "
-                                f"process was stopped" + (f"; its last output:\n{tail}" if tail else "")) from None
+            raise WorkerTimeout(f"the implementation {watch.why()} ({what}); its process was stopped"
+                                + (f"; its last output:\n{tail}" if tail else "")) from None
         except (EOFError, BrokenPipeError, ConnectionResetError, OSError):
             code = c.exit_code()
             tail = self.output_tail()
@@ -335,6 +413,57 @@ class Worker:
         except BaseException:
             cleanup()  # pytest-timeout or Ctrl-C mid-call: the worker's state is unknown
             raise
+
+
+CPU_PER_WALL = 2.0      # a call given a wall limit may use this many CPU seconds per second of it
+BUSY_SHARE = 0.05       # a call using less than this share of one CPU over a window is waiting, not working
+WINDOW_S = 3.0          # that window, seconds
+HARD_CAP = 6.0          # a busy call is stopped at this multiple of its wall limit, or of its CPU limit:
+OVERLOAD = 10.0         # the CPU limit times this (a machine this overloaded still gives it its CPU seconds)
+
+
+class CallWatch:
+    """When a call into the worker is given up: after ``wall_s`` seconds while the server is
+    waiting (it used under ``BUSY_SHARE`` of a CPU over the last ``WINDOW_S``: a sleep, a
+    deadlock, a blocked read), or as soon as it used ``cpu_s`` CPU seconds (an endless loop):
+    the server's own CPU time (its cgroup, every process and thread it started), which a
+    loaded machine cannot inflate, so correct code is never stopped because the machine was
+    busy. A busy call is stopped at ``HARD_CAP`` times ``wall_s`` or ``OVERLOAD`` times
+    ``cpu_s``, whichever is later, in any case; without outside figures (no /proc) the wall
+    limit alone applies."""
+
+    def __init__(self, figures, wall_s: float, cpu_s: float):
+        self.fig, self.wall_s, self.cpu_s = figures, wall_s, cpu_s
+        self.start = time.monotonic()
+        self.cpu0 = figures.cpu() if figures is not None else None
+        self.samples = [(self.start, self.cpu0)]
+        self.reason = ""
+        self.deadline = self.start + (max(wall_s * HARD_CAP, cpu_s * OVERLOAD) if self.cpu0 is not None else wall_s)
+
+    def check(self) -> None:
+        if self.cpu0 is None:
+            return
+        now, cpu = time.monotonic(), self.fig.cpu()
+        if cpu is None:
+            return
+        self.samples.append((now, cpu))
+        if cpu - self.cpu0 > self.cpu_s:
+            self.reason = "cpu"
+            raise TimeoutError
+        if now - self.start > self.wall_s:
+            old = next(((t, c) for t, c in self.samples if t >= now - WINDOW_S), self.samples[0])
+            if cpu - old[1] < BUSY_SHARE * (now - old[0]):
+                self.reason = "idle"
+                raise TimeoutError
+        self.samples = [(t, c) for t, c in self.samples if t >= now - 2 * WINDOW_S]
+
+    def why(self) -> str:
+        if self.reason == "cpu":
+            return f"used more than {self.cpu_s:.0f} CPU seconds in one call (an endless loop?)"
+        if self.reason == "idle":
+            return (f"did not answer within {self.wall_s:.0f} s and was waiting, not computing (a sleep or a "
+                    "deadlock?)")
+        return f"did not answer within {time.monotonic() - self.start:.0f} s"
 
 
 def _exit_reason(code) -> str:
@@ -359,6 +488,7 @@ class Sandbox:
         self.worker: Worker | None = None
         self.budget = budget or Budget()
         self.import_error: str | None = None
+        self.import_timed_out = False  # its import did not finish: final, the grading's status is timeout
         self.test_seq = 0
         self.calls = 0
 
@@ -378,9 +508,12 @@ class Sandbox:
             except SandboxStartError:
                 self.worker = None
                 raise
-            except WorkerTimeout:
+            except WorkerTimeout as e:
                 self.budget.timeouts += 1
                 self.worker = None
+                if w.generation == 1:  # the submission's import hung: nothing of it can be graded
+                    self.import_error, self.import_timed_out = f"importing {self.module_path.name} timed out: {e}", True
+                    raise SandboxError(self.import_error) from None
                 raise
             except WorkerCrashed as e:
                 self.budget.crashes += 1

@@ -44,7 +44,8 @@ class Account(Base):
 
 
 class Submission(Base):
-    """One upload: the packed module as sent (``blob``), stored before any job is queued."""
+    """One upload: the lab's module the intake validated (``blob``; ``filename`` and
+    ``size`` are the upload's), stored before any job is queued."""
 
     __tablename__ = "submissions"
     id: Mapped[str] = mapped_column(String(32), primary_key=True)
@@ -83,7 +84,9 @@ class Job(Base):
 
 
 class Result(Base):
-    """The graded result of one job (Gradescope's results.json in ``data``), unique per job."""
+    """The graded result of one job, unique per job: the typed record in ``data``
+    (``records.Graded.to_json()``; results.json is its export), the score after the
+    late penalty and the figures the pages sort by in columns."""
 
     __tablename__ = "results"
     __table_args__ = (UniqueConstraint("job_id", name="one_result_per_job"),)
@@ -94,11 +97,11 @@ class Result(Base):
     max_score: Mapped[float] = mapped_column(Float)
     max_runnable: Mapped[float] = mapped_column(Float)
     status: Mapped[str] = mapped_column(Text)
-    kind: Mapped[str] = mapped_column(String(16))  # ok, student_error, timeout (classroom.Status)
+    kind: Mapped[str] = mapped_column(String(16))  # ok, student_error, timeout (records.Status)
     perf_ratio: Mapped[float | None] = mapped_column(Float, nullable=True)  # median of the run's perf ratios
     gpu_model: Mapped[str] = mapped_column(String(200), default="cpu")
     host: Mapped[str] = mapped_column(Text, default="{}")  # `labs runner doctor` of the grading host, JSON
-    data: Mapped[str] = mapped_column(Text)  # results.json
+    data: Mapped[str] = mapped_column(Text)  # records.Graded, JSON
     duration_s: Mapped[float] = mapped_column(Float, default=0.0)
     graded_at: Mapped[float] = mapped_column(Float)
     runner: Mapped[str] = mapped_column(String(200), default="")
@@ -145,18 +148,21 @@ def engine_for(url: str) -> Engine:
     return create_engine(url, pool_pre_ping=True)
 
 
-def upgrade(url: str) -> None:
-    """Create or upgrade the schema at ``url`` to the newest Alembic revision."""
+def upgrade(url: str, course=None) -> None:
+    """Create or upgrade the schema at ``url`` to the newest Alembic revision. ``course``
+    (a ``manifest.Course``): what a revision that converts stored rows reads (0002: the
+    labs' module names)."""
     from alembic import command
     from alembic.config import Config
 
     cfg = Config()
     cfg.set_main_option("script_location", str(MIGRATIONS))
     cfg.set_main_option("sqlalchemy.url", url.replace("%", "%%"))
+    cfg.attributes["course"] = course
     command.upgrade(cfg, "head")
 
 
-def sessions(url: str) -> sessionmaker:
-    """A session factory for ``url`` (the schema upgraded first)."""
-    upgrade(url)
+def sessions(url: str, course=None) -> sessionmaker:
+    """A session factory for ``url`` (the schema upgraded first; see ``upgrade``)."""
+    upgrade(url, course)
     return sessionmaker(engine_for(url), expire_on_commit=False)

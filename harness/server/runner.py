@@ -1,44 +1,30 @@
-"""Grading one job of the course server, and the embedded dispatchers.
-
-A job is graded by exactly the pipeline of ``labs grade-all`` (``classroom.grade_one``:
-archive checks, staging, hidden graders in the sandbox, scores): the runner writes the
-stored upload to a temporary file and hands it over; it never imports or runs a
-submission itself. ``grade_job`` returns the outcome, or raises ``InfraError`` when the
-infrastructure failed (the job is retried, never scored 0).
+"""The embedded runners: a dispatcher per GPU or CPU slot on the server's machine, and what
+a runner host grades on.
 
 ``Dispatcher`` is one embedded runner (``labs serve --runner local``): a process per
-GPU (``CUDA_VISIBLE_DEVICES``) or CPU slot that claims jobs from the database under a
-lease, renews it while it grades, and stores the result. Celery workers
-(``harness.server.pool``) call the same ``grade_job`` through the server's runner API.
+GPU (``CUDA_VISIBLE_DEVICES``) or CPU slot that claims the oldest job from the database
+itself (``DatabaseJobs``) and works it with the runners' one job loop (``jobs.work``:
+grade under a renewed lease, then complete or fail), as Celery workers
+(``harness.server.pool``) do through the server's runner API. ``doctor`` says what a
+host grades on (recorded into every result); ``slots`` reads ``--gpus``.
 """
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import shutil
 import signal
 import socket
 import subprocess
 import sys
-import tempfile
 import threading
-import time
 from pathlib import Path
-from typing import Callable
 
 import torch
 
-from .. import classroom, grading, manifest
-from ..errors import LabsError
+from .. import grading, manifest
 from ..manifest import Course
-from . import db, service
-
-INFRA_KINDS = (classroom.Status.INFRA_ERROR.value,)
-
-
-class InfraError(LabsError):
-    """Grading could not produce a grade through no fault of the submission."""
+from . import db, jobs, service
 
 
 def _smi(*fields: str) -> list[str] | None:
@@ -88,47 +74,32 @@ def _image_state(tag: str) -> str:
         return f"{tag}: not available ({type(e).__name__})"
 
 
-def grade_job(course: Course, lab_number: str, student: str, filename: str, blob: bytes, *,
-              sandbox: str | None = None, timeout_s: float | None = None) -> dict:
-    """Grade one stored upload with grade-all's pipeline; returns the outcome
-    (``kind``, ``status``, ``results``: results.json, ``duration_s``). Raises InfraError
-    for an infrastructure failure (the sandbox could not start, the graders crashed)."""
-    lab = course.lab(lab_number)
-    with tempfile.TemporaryDirectory(prefix="labs-job-") as tmp:
-        archive = Path(tmp) / Path(filename).name
-        archive.write_bytes(blob)
-        row = classroom.grade_one(classroom.Submission(student, archive), lab, course, timeout_s=timeout_s,
-                                  sandbox=sandbox)
-    if row.kind.value in INFRA_KINDS:
-        raise InfraError(row.status)
-    row.results.get("extra_data", {}).pop("submission", None)  # a temporary path of this host
-    return {"kind": row.kind.value, "status": row.status, "results": row.results, "duration_s": row.duration_s}
+class DatabaseJobs:
+    """An embedded dispatcher's jobs: the course database itself (``service``), each call
+    in a session of its own."""
 
+    def __init__(self, sessions, course: Course, owner: str, lease_s: float):
+        self.sessions, self.course, self.owner, self.lease_s = sessions, course, owner, lease_s
 
-class Heartbeat(threading.Thread):
-    """Calls ``renew()`` every ``period_s`` while a job is graded; ``lost`` is set when a
-    renewal says the lease is no longer ours (the job was reaped and given to another)."""
+    def claim(self) -> jobs.Claimed | None:
+        """The oldest queued job, under a lease (expired leases reaped first); None when
+        the queue is empty."""
+        with self.sessions() as s:
+            service.reap(s, service.clock())
+            job = service.claim(s, self.owner, service.clock(), lease_s=self.lease_s)
+            return None if job is None else jobs.Claimed(job.id, job.submission.lab, job.submission.blob)
 
-    def __init__(self, renew: Callable[[], bool], period_s: float):
-        super().__init__(daemon=True, name="labs-lease")
-        self.renew, self.period_s = renew, period_s
-        self.stopped, self.lost = threading.Event(), threading.Event()
+    def renew(self, job_id: int) -> bool:
+        with self.sessions() as s:
+            return service.renew(s, job_id, self.owner, service.clock(), self.lease_s)
 
-    def run(self):
-        while not self.stopped.wait(self.period_s):
-            try:
-                if not self.renew():
-                    self.lost.set()
-                    return
-            except Exception:  # noqa: BLE001 - a database hiccup: try again next period
-                continue
+    def complete(self, job_id: int, outcome: service.Outcome) -> bool:
+        with self.sessions() as s:
+            return service.complete(s, job_id, self.owner, outcome, service.clock(), self.course)
 
-    def __enter__(self):
-        self.start()
-        return self
-
-    def __exit__(self, *exc):
-        self.stopped.set()
+    def fail(self, job_id: int, reason: str) -> str:
+        with self.sessions() as s:
+            return service.fail(s, job_id, self.owner, reason, service.clock())
 
 
 class Dispatcher:
@@ -136,36 +107,17 @@ class Dispatcher:
 
     def __init__(self, url: str, course: Course, owner: str, *, lease_s: float = service.LEASE_S,
                  poll_s: float = 0.5, sandbox: str | None = None):
-        self.sessions = db.sessions(url)
-        self.course, self.owner, self.lease_s, self.poll_s, self.sandbox = course, owner, lease_s, poll_s, sandbox
+        self.jobs = DatabaseJobs(db.sessions(url, course), course, owner, lease_s)
+        self.course, self.owner, self.poll_s, self.sandbox = course, owner, poll_s, sandbox
         self.host = doctor(course)
         self.stop = threading.Event()
 
     def once(self) -> bool:
         """Grade one job if there is one; False when the queue was empty."""
-        with self.sessions() as s:
-            service.reap(s, service.clock())
-            job = service.claim(s, self.owner, service.clock(), lease_s=self.lease_s)
-            if job is None:
-                return False
-            sub = job.submission
-            args = (sub.lab, sub.account.name, sub.filename, sub.blob)
-            job_id = job.id
-
-        def renew():
-            with self.sessions() as s2:
-                return service.renew(s2, job_id, self.owner, service.clock(), self.lease_s)
-
-        with Heartbeat(renew, self.lease_s / 4):
-            try:
-                outcome = grade_job(self.course, *args, sandbox=self.sandbox)
-            except Exception as e:  # noqa: BLE001 - InfraError or a harness bug: never the student's 0
-                with self.sessions() as s:
-                    service.fail(s, job_id, self.owner, f"{type(e).__name__}: {e}", service.clock())
-                return True
-        outcome.update(host=self.host, gpu_model=self.host["gpu_model"])
-        with self.sessions() as s:
-            service.complete(s, job_id, self.owner, outcome, service.clock(), self.course)
+        job = self.jobs.claim()
+        if job is None:
+            return False
+        jobs.work(self.jobs, job, self.course, self.host, sandbox=self.sandbox)
         return True
 
     def run(self) -> None:

@@ -21,7 +21,7 @@ import secrets
 import statistics
 import tempfile
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
 
@@ -29,10 +29,11 @@ from sqlalchemy import case, func, select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
-from .. import classroom, grading, impl as _impl
+from .. import archives, grading, impl as _impl, records
+from ..records import Graded
 from ..grading import pack_module  # noqa: F401  (service.pack_module: what `labs submit` uploads)
 from ..errors import LabsError
-from ..manifest import Course, Lab
+from ..manifest import Course, Lab, LabPaths
 from .db import QUEUES, ROLES, Account, Bucket, Job, Result, Submission, hash_token
 
 MAX_ATTEMPTS = 3   # infrastructure attempts of one job: the first and at most 2 retries
@@ -137,26 +138,25 @@ def upload_name(filename: str, lab: Lab) -> str:
     ``NN<archive suffix>`` when that is too long for a file name or not printable (a
     crafted name must not fail the intake, or a runner, with an OSError)."""
     name = Path(filename.replace("\\", "/")).name
-    stem = classroom.archive_stem(name)
+    stem = archives.archive_stem(name)
     if stem is not None and (len(name.encode()) > 100 or not name.isprintable()):
         name = lab.number + name[len(stem):]
     return name
 
 
-def module_of(data: bytes, filename: str, lab: Lab, max_bytes: int) -> bytes:
-    """The lab's module inside upload ``data`` (an archive named ``filename``), through
-    grade-all's archive checks (``classroom.unpack``: size, members, links, paths).
-    Raises Rejected(422) saying what is wrong."""
-    if classroom.archive_stem(filename) is None:
-        raise Rejected(422, f"{filename!r} is not an archive ({', '.join(classroom.ARCHIVES)}); "
-                            f"`labs submit {lab.number}` packs labs/{lab.number}/{lab.filename}")
+def module_of(data: bytes, filename: str, lab: Lab, max_bytes: int) -> grading.Module:
+    """The lab's module inside upload ``data`` (an archive named ``filename``), taken as
+    ``labs grade-all`` takes one (``grading.take``: the archive checks, the one rule that
+    finds the module, no links). Raises Rejected(422) saying what is wrong."""
+    if archives.archive_stem(filename) is None:
+        raise Rejected(422, f"{filename!r} is not an archive ({', '.join(archives.ARCHIVES)}); "
+                            f"`labs submit {lab.number}` packs {LabPaths.of(lab).stub}")
     with tempfile.TemporaryDirectory(prefix="labs-intake-") as tmp:
         archive = Path(tmp) / Path(filename).name
         archive.write_bytes(data)
         try:
-            root = classroom.unpack(archive, Path(tmp) / "unpacked", max_bytes)
-            return grading.read_module(_impl.locate(root, lab), root)
-        except (classroom.UnpackError, _impl.ImplError) as e:
+            return grading.take(archive, lab, Path(tmp), max_bytes)
+        except (archives.UnpackError, _impl.ImplError) as e:
             raise Rejected(422, f"{filename}: {str(e).replace(tmp, '<upload>')}") from None
 
 
@@ -214,8 +214,9 @@ class Accepted:
 
 def submit(s: Session, course: Course, account: Account, lab_number: str, filename: str, data: bytes,
            now: float) -> Accepted:
-    """Check and store one upload, then queue its job (stored before queued: the caller
-    publishes ``job.id`` to a broker only after this returns). The same module again is
+    """Check one upload and store the module it holds (``module_of``: the bytes the runners
+    grade), then queue its job (stored before queued: the caller publishes ``job.id`` to
+    a broker only after this returns). The same module again is
     not stored twice (``duplicate``); a new one cancels the student's older queued job
     of this lab. Raises Rejected: 404 no such lab, 413 too large, 403 closed, 422 not an
     archive holding the module, 429 rate-limited."""
@@ -229,7 +230,7 @@ def submit(s: Session, course: Course, account: Account, lab_number: str, filena
     days = late_days(lab, course, now)
     filename = upload_name(filename, lab)
     module = module_of(data, filename, lab, max_bytes=8 * cap)
-    fp = hashlib.sha256(module).hexdigest()
+    fp = module.fingerprint
     same = s.scalars(select(Submission).where(Submission.account_id == account.id, Submission.lab == lab.number,
                                               Submission.fingerprint == fp)).all()
     for sub in same:
@@ -242,7 +243,7 @@ def submit(s: Session, course: Course, account: Account, lab_number: str, filena
                                     Submission.account_id == account.id, Submission.lab == lab.number)))
               .values(state="cancelled", finished_at=now, error="a newer submission replaced it"))
     sub = Submission(id=secrets.token_hex(16), account_id=account.id, lab=lab.number, filename=filename,
-                     blob=data, size=len(data), fingerprint=fp, created_at=now, late_days=days)
+                     blob=module.data, size=len(data), fingerprint=fp, created_at=now, late_days=days)
     job = Job(submission=sub, queue="interactive", state="queued", created_at=now)
     s.add_all([sub, job])
     s.commit()
@@ -301,37 +302,39 @@ def renew(s: Session, job_id: int, owner: str, now: float, lease_s: float = LEAS
     return bool(n)
 
 
-def _median_ratio(results: dict) -> float | None:
-    ratios = [e["value"] for e in results.get("leaderboard", []) if isinstance(e.get("value"), (int, float))]
-    return float(statistics.median(ratios)) if ratios else None
+@dataclass
+class Outcome:
+    """What a runner hands back for a job it graded: the typed record (``grading.grade_one``)
+    and where it was graded (``runner.doctor``); the runner API's body, as JSON."""
+    record: Graded
+    host: dict = field(default_factory=dict)
+    gpu_model: str = "cpu"
+
+    def to_json(self) -> dict:
+        return {"record": self.record.to_json(), "host": self.host, "gpu_model": self.gpu_model}
 
 
-def complete(s: Session, job_id: int, owner: str, outcome: dict, now: float, course: Course) -> bool:
-    """Store the result of a job ``owner`` graded (``outcome``: ``kind``, ``status``,
-    ``results`` (results.json), ``duration_s``, ``host``, ``gpu_model``) and mark the job
-    done. Idempotent: a second result for the job is dropped (False). A result from a
-    runner whose lease lapsed is still kept when the job has none yet: the grade of a
-    submission is the same whoever computed it (the seed is the submission's)."""
+def late_factor(course: Course, sub: Submission) -> float:
+    """What a late submission's score is multiplied by (1.0 on time, or without a penalty)."""
+    return max(0.0, 1.0 - course.submissions.late.penalty_per_day * sub.late_days)
+
+
+def complete(s: Session, job_id: int, owner: str, outcome: Outcome, now: float, course: Course) -> bool:
+    """Store the record of a job ``owner`` graded and mark the job done; the score is
+    the record's times ``late_factor``. Idempotent: a second result for the job is
+    dropped (False). A result from a runner whose lease lapsed is still kept when the
+    job has none yet: the grade of a submission is the same whoever computed it (the
+    seed is the submission's)."""
     job = s.get(Job, job_id)
     if job is None or job.state in ("done", "cancelled") or job.result is not None:
         return False
-    results = outcome["results"]
-    sub = job.submission
-    lab = course.lab(sub.lab)
-    extra = results.setdefault("extra_data", {})
-    score = float(results.get("score", 0.0))
-    if sub.late_days and course.submissions.late.penalty_per_day:
-        factor = max(0.0, 1.0 - course.submissions.late.penalty_per_day * sub.late_days)
-        extra.update(raw_score=score, late_days=sub.late_days, late_factor=factor)
-        score = round(score * factor, 4)
-        results["score"] = score
-    result = Result(job_id=job.id, submission_id=sub.id, score=score,
-                    max_score=float(extra.get("max_score", lab.points)),
-                    max_runnable=float(extra.get("max_score_runnable", 0.0)), status=outcome["status"],
-                    kind=outcome["kind"], perf_ratio=_median_ratio(results) if outcome["kind"] == "ok" else None,
-                    gpu_model=outcome.get("gpu_model") or "cpu", host=json.dumps(outcome.get("host", {})),
-                    data=json.dumps(results), duration_s=float(outcome.get("duration_s", 0.0)), graded_at=now,
-                    runner=owner)
+    graded, sub = outcome.record, job.submission
+    score = round((graded.score or 0.0) * late_factor(course, sub), 4)
+    result = Result(job_id=job.id, submission_id=sub.id, score=score, max_score=graded.max_score,
+                    max_runnable=graded.max_score_runnable or 0.0, status=graded.status, kind=graded.kind.value,
+                    perf_ratio=graded.perf_ratio(), gpu_model=outcome.gpu_model or "cpu",
+                    host=json.dumps(outcome.host), data=json.dumps(graded.to_json()),
+                    duration_s=float(graded.duration_s), graded_at=now, runner=owner)
     s.add(result)
     job.state, job.finished_at, job.lease_owner, job.lease_expires = "done", now, None, None
     try:
@@ -418,14 +421,27 @@ def hidden_visible(course: Course, lab: Lab, account: Account, now: float) -> bo
     return lab.deadline is not None and now >= lab.deadline.timestamp()
 
 
-def result_view(result: Result, show_tests: bool) -> dict:
+def results_json(course: Course, result: Result) -> dict:
+    """Gradescope's ``results.json`` of a stored result (an export of its record: what
+    the Gradescope bridge hands back), with the score stored: after the late penalty
+    (``raw_score``, ``late_days``, ``late_factor`` say so)."""
+    sub = result.job.submission
+    res = Graded.from_json(json.loads(result.data)).to_gradescope(student=sub.account.name,
+                                                                  fingerprint=sub.fingerprint)
+    if res["score"] is not None and res["score"] != result.score:
+        res["extra_data"].update(raw_score=res["score"], late_days=sub.late_days, late_factor=late_factor(course, sub))
+        res["score"] = result.score
+    return res
+
+
+def result_view(course: Course, result: Result, show_tests: bool) -> dict:
     """A stored result as a student or staff member reads it: score, parts, status,
     and the per-test table when ``show_tests``."""
-    data = json.loads(result.data)
+    data = results_json(course, result)
     view = {"score": result.score, "max_score": result.max_score, "max_score_runnable": result.max_runnable,
             "status": result.status, "kind": result.kind, "gpu_model": result.gpu_model,
             "perf_ratio": result.perf_ratio, "graded_at": result.graded_at, "duration_s": result.duration_s,
-            "parts": grading.part_scores(data), "output": data.get("output", ""),
+            "parts": records.part_scores(data), "output": data.get("output", ""),
             "late_days": data.get("extra_data", {}).get("late_days", 0)}
     if show_tests:
         view["tests"] = [{k: t.get(k) for k in ("name", "score", "max_score", "status", "output")}
@@ -442,7 +458,7 @@ def submission_view(s: Session, course: Course, sub: Submission, viewer: Account
             "position": position(s, job), "eta_s": eta_s(s, job, now), "attempts": job.attempts,
             "error": job.error if job.state == "failed" else ""}
     if done:
-        view["result"] = result_view(done[-1].result, hidden_visible(course, lab, viewer, now))
+        view["result"] = result_view(course, done[-1].result, hidden_visible(course, lab, viewer, now))
     return view
 
 

@@ -44,7 +44,7 @@ def ring_reduce_scatter(tensor: torch.Tensor, op: str = "sum", group=None) -> to
     """Reduce ``tensor`` across the ranks of ``group`` and return this rank's chunk.
 
     tensor: any shape, N elements, a dtype of ``DTYPES``; not modified.
-    op: "sum", "avg" (floating dtypes only) or "max".
+    op: "sum", "avg" (floating dtypes only) or "max" (NaN-propagating, like torch.maximum).
     Returns a new 1-D tensor of c = ceil(N/W) elements of ``tensor.dtype`` holding chunk
     ``rank`` (flat elements [rank*c, (rank+1)*c)) reduced over all ranks; entries past the
     end of the data (padding) are unspecified.
@@ -86,7 +86,8 @@ def ring_all_reduce(tensor: torch.Tensor, op: str = "sum", group=None) -> torch.
     tensor: any shape and layout (contiguous, transposed or a strided view), any N >= 0
     (N < W too), a dtype of ``DTYPES``. The result is written into ``tensor`` (elements of
     the underlying storage outside the view stay untouched) and ``tensor`` is returned.
-    op: "sum", "avg" (sum / W; floating dtypes only) or "max".
+    op: "sum", "avg" (sum / W; floating dtypes only) or "max" (propagates NaN like
+    torch.maximum: an element that is NaN on any rank is NaN on every rank).
     Every rank ends with bitwise identical values. float16/bfloat16 accumulate in float32
     and round once at the end.
     Raises TypeError (unsupported dtype; "avg" on an integer dtype) and ValueError (unknown op).

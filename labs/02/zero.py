@@ -58,7 +58,7 @@ class ZeroAdamW(torch.optim.Optimizer):
          min(1, max_grad_norm / (norm + 1e-6)) as torch.nn.utils.clip_grad_norm_ does;
       3. AdamW (torch.optim.AdamW's formula) on the owned elements only, with a step
          count per parameter:  p *= 1 - lr*wd;  m = b1*m + (1-b1)*g;  v = b2*v + (1-b2)*g^2;
-         p -= lr/(1-b1^t) * m / (sqrt(v)/sqrt(1-b2^t) + eps);
+         p -= lr/(1-b1^t) * m / (sqrt(v)/sqrt(1-b2^t) + eps)   (eps after the square root);
       4. all-gather the owned parameter elements so every rank holds identical parameters.
     Part C: between steps keep at most 12*ceil(N/W) bytes + 64 KiB of tensors.
     Raises ValueError for a negative lr/eps/weight_decay, betas outside [0, 1) or a

@@ -366,9 +366,9 @@ class PagedKVCache:
         ``(Hkv, seq_len + T, D)``, the sequence's stored prefix in logical order (a
         gather, so copies are fine). Take blocks from the pool when a position needs one;
         ``seq_len(seq_id)`` advances by T after layer ``n_layers - 1`` (as ``KVCache``).
-        Raises ValueError (``seq_id`` not live; bad ``layer_idx``; bad shape or device;
-        not enough free blocks: the message names ``num_blocks`` and nothing changes),
-        TypeError (dtype differs from the cache's).
+        Raises ValueError (``seq_id`` not live; bad ``layer_idx``; bad shape or device),
+        RuntimeError (not enough free blocks: the message names ``num_blocks`` and nothing
+        changes), TypeError (dtype differs from the cache's).
         """
         raise NotImplementedError("Part B: PagedKVCache.update: grow the block table from the pool as needed, "
                                   "scatter k/v into (block, slot), gather the prefix back")

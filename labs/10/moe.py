@@ -107,7 +107,8 @@ class MoE(nn.Module):
     assignments, before capacity drops. With ``capacity_factor`` an expert keeps its first
     ``capacity(T, E, k, capacity_factor)`` assignments in token order; a dropped assignment
     contributes 0 and the token's other gates are not renormalised. Each expert runs once, on
-    the tokens routed to it: the forward's FLOPs grow with k, not with E.
+    the tokens routed to it: the forward's FLOPs grow with k, not with E. ``forward`` raises
+    ValueError naming ``x`` (or ``d_model``) and its shape unless ``x`` is ``(T, d_model)``.
     """
 
     def __init__(self, d_model: int, d_ff: int, num_experts: int, k: int = 2, capacity_factor: float | None = None):
@@ -121,7 +122,8 @@ class MoE(nn.Module):
         self.experts = nn.ModuleList(Expert(d_model, d_ff) for _ in range(num_experts))
 
     def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        raise NotImplementedError("Part B: route, aux loss, capacity mask, run the experts, cast once")
+        raise NotImplementedError("Part B: check x's shape, route, aux loss, capacity mask, run the experts, "
+                                  "cast once")
 
 
 # --- Part C: expert parallelism ---

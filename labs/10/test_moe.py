@@ -137,6 +137,8 @@ def test_moe_equals_dense_reference(impl, cf):
     for name, want in dw_ref.items():
         got = grads.get(name)
         close(torch.zeros_like(want) if got is None else got, want, f"the gradient of {name}", GRAD_TOL)
+    e = expect_raises(ValueError, f"x of shape ({T}, {d + 1}) for d_model={d}", m, rand(T, d + 1, seed=201))
+    assert str(d + 1) in str(e), f"the ValueError must name x's shape ({T}, {d + 1}); got {str(e)!r}"
 
 
 @pytest.mark.part("B")

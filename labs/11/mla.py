@@ -95,7 +95,8 @@ class MultiHeadLatentAttention(nn.Module):
         Outputs follow the current parameters (a folded weight never goes stale).
         Raises ValueError (x not (B, L >= 1, d_model); a cache of another batch_size or
         config; an append past max_seq_len, naming it, with nothing written),
-        TypeError (x's dtype is not the cache's)."""
+        TypeError (x's dtype is not the layer's parameters' dtype, e.g. a float64 x into a
+        float32 layer, or not the cache's), naming x's dtype."""
         raise NotImplementedError("Part A: the naive path (expand k_nope and v from the latent, decoupled "
                                   "RoPE, bottom-right causal softmax); Part B: read and write the cache; "
                                   "Part C: absorb=True")

@@ -60,6 +60,7 @@ def _x(B, T, seed=1):
 
 @pytest.mark.part("A")
 def test_naive_config_rejects_an_odd_rope_dim(impl):
+    impl.MLAConfig(**{**CFG, "qk_rope_head_dim": 6})   # an even one is accepted: only the odd one is refused
     e = expect_raises(ValueError, "MLAConfig(qk_rope_head_dim=5) (RoPE turns pairs)",
                       impl.MLAConfig, **{**CFG, "qk_rope_head_dim": 5})
     assert "qk_rope_head_dim" in str(e), f"the ValueError must name qk_rope_head_dim, got {str(e)!r}"

@@ -59,7 +59,7 @@ def _exchange(send_buf: torch.Tensor, recv_buf: torch.Tensor, right: int, left: 
 
 
 def _reduce(acc: torch.Tensor, incoming: torch.Tensor, op: str) -> None:
-    if op == "max":
+    if op == "max":  # NaN-propagating, as the contract's max (a < b ? b : a or torch.fmax drop it)
         torch.maximum(acc, incoming, out=acc)
     else:  # "sum" and "avg": divide once, after the ring
         acc.add_(incoming)
@@ -158,7 +158,8 @@ def ring_all_reduce(tensor: torch.Tensor, op: str = "sum", group=None) -> torch.
 
     tensor: any shape and layout (strided views too), N >= 0 elements, a dtype of ``DTYPES``.
     Writes the result into ``tensor`` (elements outside a view untouched) and returns it.
-    op: "sum", "avg" (floating dtypes only) or "max". float16/bfloat16 accumulate in
+    op: "sum", "avg" (floating dtypes only) or "max" (propagates NaN like torch.maximum).
+    float16/bfloat16 accumulate in
     float32 and round once, so every rank ends with bitwise identical values.
     Raises TypeError (dtype, avg on integers) and ValueError (unknown op).
     Each rank sends 2(W-1) messages of ceil(N/W) elements (at most 4 bytes each for fp16/bf16).

@@ -427,7 +427,8 @@ class PagedKVCache:
         ``(k_all, v_all): (Hkv, seq_len + T, D)``, the sequence's stored prefix.
         Blocks are taken from the pool when a position needs one; ``seq_len(seq_id)``
         advances after layer ``n_layers - 1``. Raises ValueError (unknown seq_id, bad
-        layer or shape or device, or not enough free blocks: nothing changes), TypeError (dtype).
+        layer or shape or device), RuntimeError (not enough free blocks: nothing changes),
+        TypeError (dtype).
         """
         table = self._get(seq_id)
         if isinstance(layer_idx, bool) or not isinstance(layer_idx, int) or not 0 <= layer_idx < self.n_layers:
@@ -445,7 +446,7 @@ class PagedKVCache:
         S, T = self._lens[seq_id], k.shape[1]
         need = -(-(S + T) // self.block_size) - len(table)  # ceil((S+T)/block_size) blocks in all
         if need > len(self._free):
-            raise ValueError(f"out of KV blocks: seq_id {seq_id!r} needs {need} more, {len(self._free)} "
+            raise RuntimeError(f"out of KV blocks: seq_id {seq_id!r} needs {need} more, {len(self._free)} "
                              f"of num_blocks={self.num_blocks} are free")
         for _ in range(max(need, 0)):
             table.append(self._free.pop())

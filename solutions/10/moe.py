@@ -117,6 +117,7 @@ class MoE(nn.Module):
     experts[e_tj](x_t)`` over the kept assignments; ``aux_loss`` (0-dim float32) =
     :func:`load_balancing_loss` of the routed assignments before capacity drops. With
     ``capacity_factor`` an expert keeps its first :func:`capacity` assignments in token order.
+    ValueError unless ``x`` is ``(T, d_model)``.
     """
 
     def __init__(self, d_model: int, d_ff: int, num_experts: int, k: int = 2, capacity_factor: float | None = None):
@@ -130,6 +131,9 @@ class MoE(nn.Module):
         self.experts = nn.ModuleList(Expert(d_model, d_ff) for _ in range(num_experts))
 
     def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        d = self.router.in_features
+        if x.dim() != 2 or x.shape[1] != d:
+            raise ValueError(f"x must be (T, d_model={d}), got shape {tuple(x.shape)}")
         T, E = x.shape[0], self.num_experts
         logits = self.router(x)                                         # (T, E)
         idx, gates = route(logits, self.k)                              # (T, k) each

@@ -116,12 +116,16 @@ class MultiHeadLatentAttention(nn.Module):
         latent directly, W_UK folded into the query and W_UV applied to the attended
         latent (no per-head key or value is ever formed).
         Raises ValueError (x not (B, L>=1, d_model); cache batch, config, overflow of
-        max_seq_len: nothing written), TypeError (x's dtype is not the cache's)."""
+        max_seq_len: nothing written), TypeError (x's dtype is not the layer's parameters'
+        dtype, or not the cache's)."""
         cfg = self.cfg
         H, r = cfg.n_heads, cfg.kv_lora_rank
         dn, dr, dv = cfg.qk_nope_head_dim, cfg.qk_rope_head_dim, cfg.v_head_dim
         if x.dim() != 3 or x.shape[-1] != cfg.d_model or x.shape[1] < 1:
             raise ValueError(f"x must be (B, L >= 1, d_model={cfg.d_model}), got {tuple(x.shape)}")
+        if x.dtype != self.wq.weight.dtype:
+            raise TypeError(f"x is {x.dtype}, the layer's parameters are {self.wq.weight.dtype}: convert one to "
+                            f"the other (layer.to(dtype))")
         B, L, _ = x.shape
         S = 0 if cache is None else cache._admit(x, cfg)  # every check before the first write
         wide = torch.promote_types(x.dtype, torch.float32)

@@ -17,6 +17,7 @@ from harness import impl as _impl
 # Bound before any submission is imported (a submission that rebinds the module's
 # attributes later does not change what the probes call).
 _perf_counter = time.perf_counter
+_process_time = time.process_time
 _monotonic = time.monotonic
 _gc_collect = gc.collect
 try:

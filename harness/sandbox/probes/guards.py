@@ -24,7 +24,15 @@ from .comm import _INSTALLED
 
 _BLINDING = ("_pop_torch_dispatch_stack", "_unset_dispatch_mode", "_DisableTorchDispatch", "_ExcludeDispatchKeyGuard",
              "ExcludeDispatchKeyGuard", "_SetExcludeDispatchKeyGuard", "_dispatch_tls_set_dispatch_key_excluded")
-_GUARD = {"depth": 0, "calls": [], "pushed": 0}  # depth > 0: a measured call runs; pushed: modes it pushed
+_GUARD = {"depth": 0, "calls": [], "pushed": 0, "trusted": 0}  # depth > 0: a measured call runs; pushed: modes it
+# pushed; trusted > 0: trusted code runs inside it (the probes' own models), whose calls are not the submission's
+# autograd's saved-tensor hook stack: a hook pair a submission pushes inside a measured call takes what autograd saves
+# away from the grader's own pair (a checkpoint saving everything, GPipe passing as 1F1B)
+_SAVED_HOOKS = ("_push_saved_tensors_default_hooks", "_pop_saved_tensors_default_hooks")
+# nn.Module's global hooks run on every module, the grader's trusted ones included: none may be registered
+_GLOBAL_HOOKS = ("_global_backward_pre_hooks", "_global_backward_hooks", "_global_forward_pre_hooks",
+                 "_global_forward_hooks", "_global_forward_hooks_always_called", "_global_module_registration_hooks",
+                 "_global_parameter_registration_hooks", "_global_buffer_registration_hooks")
 _IN_PLACE: list = []  # (owner, attribute, object): what must still be there when a measured call ends
 
 
@@ -34,7 +42,7 @@ def _recording(name: str, original):
     pop = name.endswith("_pop_torch_dispatch_stack")
 
     def standin(*a, **k):
-        if _GUARD["depth"]:
+        if _GUARD["depth"] and not _GUARD["trusted"]:
             if pop and _GUARD["pushed"] > 0:
                 _GUARD["pushed"] -= 1
             elif len(_GUARD["calls"]) < 10:
@@ -78,6 +86,17 @@ def install_guards() -> None:
                 if value is original:
                     setattr(mod, attr, standin)
                     _IN_PLACE.append((mod, attr, standin))
+    autograd_c = torch._C._autograd
+    for name in _SAVED_HOOKS:
+        original = getattr(autograd_c, name, None)
+        if original is None:
+            continue
+        standin = _recording(f"torch._C._autograd.{name}", original)
+        for mod in [autograd_c] + torch_modules:
+            for attr, value in list(getattr(mod, "__dict__", {}).items()):
+                if value is original:
+                    setattr(mod, attr, standin)
+                    _IN_PLACE.append((mod, attr, standin))
     import _thread
     import threading
     # the dispatch mode stack is per thread: a thread or a forked copy started by the call runs unmeasured
@@ -98,14 +117,32 @@ def install_guards() -> None:
 
 
 def _tampered() -> list[str]:
-    return [f"{getattr(o, '__name__', o)}.{a}" for o, a, v in _IN_PLACE
-            if (vars(o).get(a) if isinstance(o, type) else getattr(o, a, None)) is not v][:5]
+    import torch.nn.modules.module as nn_module
+    from torch.utils.module_tracker import ModuleTracker  # FlopCounterMode's own hooks: trusted
+    hooks = [f"torch.nn.modules.module.{h} (a global module hook)" for h in _GLOBAL_HOOKS
+             if any(not isinstance(getattr(f, "__self__", None), ModuleTracker)
+                    for f in (getattr(nn_module, h, None) or {}).values())]
+    return hooks + [f"{getattr(o, '__name__', o)}.{a}" for o, a, v in _IN_PLACE
+                    if (vars(o).get(a) if isinstance(o, type) else getattr(o, a, None)) is not v][:5]
+
+
+@contextlib.contextmanager
+def trusted():
+    """Around trusted code the probes run inside a submission's measured call (the grader's own
+    models): what it calls is not recorded against the submission."""
+    _GUARD["trusted"] += 1
+    try:
+        yield
+    finally:
+        _GUARD["trusted"] -= 1
 
 
 @contextlib.contextmanager
 def guarded():
     """Around a submission's measured call: raise AssertionError afterwards if the call
-    switched a measurement off (called a ``_BLINDING`` binding) or replaced part of one."""
+    switched a measurement off (called a ``_BLINDING`` binding, pushed or popped autograd's
+    saved-tensor hooks, started a thread or a process), replaced part of one, or a global
+    module hook is registered."""
     install_guards()
     _GUARD["depth"] += 1
     if _GUARD["depth"] == 1:
@@ -118,4 +155,4 @@ def guarded():
     if problems and _GUARD["depth"] == 0:
         raise AssertionError(f"the measurement was switched off or replaced during the call ({', '.join(problems)}); "
                              "the lab's code must run under the grader's measurements (no torch dispatch-stack "
-                             "manipulation, no patching of the harness)")
+                             "manipulation, no saved-tensor or global module hooks, no patching of the harness)")

@@ -21,12 +21,24 @@ def _figures(tracker, counter, seen, comm) -> dict:
     if tracker is not None:
         extra.update(max_numel=tracker.max_numel, max_bytes=tracker.max_bytes, total_bytes=tracker.total_bytes,
                      largest=tracker.largest, ops=sorted(tracker.ops), nonfinite=tracker.first_nonfinite,
-                     c10d=[list(c) for c in tracker.c10d_calls])
+                     c10d=[list(c) for c in tracker.c10d_calls], arith_elems=tracker.arith_elems)
     if counter is not None:
         extra["flops"] = int(counter.get_total_flops())
     if comm is not None:
         extra["comm"] = comm.report()
     return extra
+
+
+# FlopCounterMode counts matrix-matrix products only: the matrix-vector ones too (2 FLOP per
+# multiply-add), so a dense computation written with ``mv`` or ``dot`` is counted
+_aten = torch.ops.aten
+MATVEC_FLOPS = {
+    _aten.mv: lambda a, b, *_, out_shape=None, **__: 2 * a[0] * a[1],
+    _aten.addmv: lambda c, a, b, *_, out_shape=None, **__: 2 * a[0] * a[1],
+    _aten.dot: lambda a, b, *_, out_shape=None, **__: 2 * a[0],
+    _aten.vdot: lambda a, b, *_, out_shape=None, **__: 2 * a[0],
+    _aten.addr: lambda c, u, v, *_, out_shape=None, **__: 2 * u[0] * v[0],
+}
 
 
 @contextlib.contextmanager
@@ -46,7 +58,7 @@ def _watched(module, opts: dict):
             launches = stack.enter_context(triton_launches.counting())
         if opts.get("flops"):
             from torch.utils.flop_counter import FlopCounterMode
-            counter = stack.enter_context(FlopCounterMode(display=False))
+            counter = stack.enter_context(FlopCounterMode(display=False, custom_mapping=MATVEC_FLOPS))
         if opts.get("alloc", True) or opts.get("ops", True) or opts.get("nonfinite"):
             tracker = AllocationTracker(watch_nonfinite=bool(opts.get("nonfinite")))
             if comm is not None:  # every collective dispatcher op, in the counter's ordered log too

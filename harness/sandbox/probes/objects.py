@@ -2,9 +2,12 @@
 from __future__ import annotations
 
 import contextlib
+import inspect
+import types
 
 import torch
 
+from . import common
 from .common import flat
 
 
@@ -32,38 +35,72 @@ def held_tensors(obj, deep=False):
     return found
 
 
-_NOT_ENTERED = (type, type(contextlib), type(len), type(flat), str, bytes, int, float, complex)
+_NOT_ENTERED = (type(contextlib), type(len), str, bytes, int, float, complex)
 
 
-def reachable_tensors(obj, limit=100_000):
-    """Every tensor reachable from ``obj``, each once, depth first in definition order: through
-    attributes (``__dict__``, ``__slots__``; an ``nn.Module``'s parameters and buffers are in its
-    ``__dict__``), list, tuple and set items, dict keys and values, at any depth. Each object is
-    entered once (a cycle ends); classes, modules and functions are not entered, at most ``limit``
-    objects are."""
-    found, seen, stack = [], set(), [obj]
+def _inner(x) -> list:
+    """What ``x`` holds, as ``(value, label)`` pairs, for :func:`walk`: attributes (``__dict__``,
+    ``__slots__``), items, and for code the state it carries: a function's closure cells, defaults
+    and, for a function of the submission, its module's globals; a bound method's object and
+    function; a class's own attributes (a class of the submission: where a class attribute keeps
+    state)."""
+    if isinstance(x, dict):
+        return [y for k, v in x.items() for y in ((k, "[key]"), (v, f"[{k!r}]" if isinstance(k, (str, int)) else "[..]"))]
+    if isinstance(x, (list, tuple, set, frozenset)):
+        return [(v, f"[{i}]") for i, v in enumerate(x)]
+    if isinstance(x, type):
+        return [(v, f".{k}") for k, v in vars(x).items()] if x.__module__ == common.API["module"] else []
+    if inspect.ismethod(x):
+        return [(x.__self__, ".__self__"), (x.__func__, ".__func__")]
+    if inspect.isfunction(x):
+        cells = [(c.cell_contents, f".<closure {n}>") for n, c in zip(x.__code__.co_freevars, x.__closure__ or ())
+                 if _filled(c)]
+        defaults = [(v, ".<default>") for v in (x.__defaults__ or ())] + \
+            [(v, f".<default {k}>") for k, v in (x.__kwdefaults__ or {}).items()]
+        mine = x.__module__ == common.API["module"]
+        return cells + defaults + ([(x.__globals__, ".<globals>")] if mine else [])
+    if isinstance(x, types.CellType):
+        return [(x.cell_contents, ".<cell>")] if _filled(x) else []
+    d = getattr(x, "__dict__", None)
+    inner = [(v, f".{k}") for k, v in d.items()] if isinstance(d, dict) else []
+    for cls in type(x).__mro__:
+        slots = getattr(cls, "__slots__", ())
+        for name in [slots] if isinstance(slots, str) else slots:
+            if isinstance(name, str) and name not in ("__dict__", "__weakref__") and hasattr(x, name):
+                inner.append((getattr(x, name), f".{name}"))
+    return inner + [(type(x), ".<class>")]
+
+
+def _filled(cell) -> bool:
+    try:
+        cell.cell_contents
+        return True
+    except ValueError:
+        return False
+
+
+def walk(obj, root: str = "obj", limit: int = 100_000):
+    """``(tensor, path)`` for every tensor reachable from ``obj``, each object entered once (a cycle
+    ends), depth first in definition order: through attributes (``__dict__``, ``__slots__``; an
+    ``nn.Module``'s parameters and buffers are in its ``__dict__``), list, tuple and set items,
+    dict keys and values, closures, default arguments, the submission's classes' attributes and
+    its module's globals (:func:`_inner`), at any depth; other modules and builtins are not
+    entered, at most ``limit`` objects are."""
+    seen, stack = set(), [(obj, root)]
     while stack and len(seen) < limit:
-        x = stack.pop()
+        x, path = stack.pop()
         if id(x) in seen or isinstance(x, _NOT_ENTERED):
             continue
         seen.add(id(x))
         if isinstance(x, torch.Tensor):
-            found.append(x)
+            yield x, path
             continue
-        if isinstance(x, dict):
-            inner = [y for kv in x.items() for y in kv]
-        elif isinstance(x, (list, tuple, set, frozenset)):
-            inner = list(x)
-        else:
-            d = getattr(x, "__dict__", None)
-            inner = list(d.values()) if isinstance(d, dict) else []
-            for cls in type(x).__mro__:
-                slots = getattr(cls, "__slots__", ())
-                for name in [slots] if isinstance(slots, str) else slots:
-                    if isinstance(name, str) and name not in ("__dict__", "__weakref__") and hasattr(x, name):
-                        inner.append(getattr(x, name))
-        stack += reversed(inner)
-    return found
+        stack += [(v, path + label) for v, label in reversed(_inner(x))]
+
+
+def reachable_tensors(obj, limit=100_000):
+    """Every tensor reachable from ``obj`` (:func:`walk`), each once."""
+    return [t for t, _ in walk(obj, limit=limit)]
 
 
 def _storages(obj, deep=False):
@@ -140,46 +177,23 @@ def probe_watch_end(module, target, cls_name):
 
 
 def probe_reachable_bytes(module, target, exclude):
-    """Bytes of every tensor storage reachable from ``target`` (attributes, slots, dicts,
-    lists, ...), except storages shared with the tensors in ``exclude`` or their grads.
+    """Bytes of every tensor storage reachable from ``target`` (:func:`walk`), except storages
+    shared with the tensors in ``exclude`` or their grads.
     Value ``{"total": bytes, "largest": description}``."""
     skip_ptrs = set()
     for p in exclude:
         skip_ptrs.add(p.untyped_storage().data_ptr())
         if p.grad is not None:
             skip_ptrs.add(p.grad.untyped_storage().data_ptr())
-    seen_obj, seen_storage = set(), set()
+    seen_storage = set()
     total, largest = 0, (0, "")
-    stack = [(target, "opt")]
-    skip_types = (type, type(contextlib), type(len), type(held_tensors))
-    while stack:
-        obj, path = stack.pop()
-        if id(obj) in seen_obj or isinstance(obj, skip_types) or isinstance(obj, (str, bytes, int, float, bool)):
+    for t, path in walk(target, "opt"):
+        st = t.untyped_storage()
+        key = st.data_ptr()
+        if key in skip_ptrs or key in seen_storage or st.nbytes() == 0:
             continue
-        seen_obj.add(id(obj))
-        if isinstance(obj, torch.Tensor):
-            st = obj.untyped_storage()
-            key = st.data_ptr()
-            if key in skip_ptrs or key in seen_storage or st.nbytes() == 0:
-                continue
-            seen_storage.add(key)
-            total += st.nbytes()
-            if st.nbytes() > largest[0]:
-                largest = (st.nbytes(), f"{path}: {tuple(obj.shape)} {obj.dtype}, storage {st.nbytes()} bytes")
-            continue
-        if isinstance(obj, dict):
-            for k, v in obj.items():
-                stack.append((k, f"{path}[key]"))
-                stack.append((v, f"{path}[{k!r}]" if isinstance(k, (str, int)) else f"{path}[..]"))
-        elif isinstance(obj, (list, tuple, set, frozenset)):
-            for i, v in enumerate(obj):
-                stack.append((v, f"{path}[{i}]"))
-        else:
-            d = getattr(obj, "__dict__", None)
-            if isinstance(d, dict):
-                for k, v in d.items():
-                    stack.append((v, f"{path}.{k}"))
-            for k in getattr(type(obj), "__slots__", ()):
-                if isinstance(k, str) and hasattr(obj, k):
-                    stack.append((getattr(obj, k), f"{path}.{k}"))
+        seen_storage.add(key)
+        total += st.nbytes()
+        if st.nbytes() > largest[0]:
+            largest = (st.nbytes(), f"{path}: {tuple(t.shape)} {t.dtype}, storage {st.nbytes()} bytes")
     return {"total": total, "largest": largest[1]}, {}

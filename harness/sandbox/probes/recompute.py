@@ -29,8 +29,6 @@ _ACTIVATIONS = {"tanh": torch.tanh, "gelu": torch.nn.functional.gelu, "relu": to
 _saved_tensors_hooks = torch.autograd.graph.saved_tensors_hooks
 _BackwardCFunction = torch.autograd.function.BackwardCFunction
 _GradScaler = torch.amp.GradScaler
-# a submission must not hide what autograd saves from the grader's own hooks
-SAVED_HOOKS = ["torch.autograd.graph.saved_tensors_hooks", "torch._C._autograd._push_saved_tensors_default_hooks"]
 
 
 def _autocast_state(device_type: str) -> list:
@@ -162,7 +160,9 @@ def probe_recompute(module, target, args, kwargs, watch, grad_output, opts):
     watched modules' parameters left out); ``opts["draws"]`` numbers drawn from the global RNG
     (``mid``); the backward under ``opts["autocast_backward"]``; 8 numbers drawn (``after``).
     ``opts["requires_grad"]``: per positional argument (tensors are detached first);
-    ``forbid`` / ``reason`` as in ``measure`` (plus ``SAVED_HOOKS``), around forward and backward.
+    ``forbid`` / ``reason`` as in ``measure``, around forward and backward (a saved-tensor hook pair
+    pushed by the submission, which would take what autograd saves away from the grader's, fails the
+    call: ``guards``).
 
     Value: ``out`` (detached), ``grads`` (per positional argument), ``param_grads`` (per watched
     module), ``logs`` (per watched module, its ``log`` of this run), ``packed_bytes``,
@@ -194,7 +194,7 @@ def probe_recompute(module, target, args, kwargs, watch, grad_output, opts):
         return t
 
     seen: list = []
-    names = list(opts.get("forbid", [])) + SAVED_HOOKS
+    names = list(opts.get("forbid", []))
     reason = opts.get("reason", "the contract forbids it")
     value: dict = {"backward_error": None}
     try:

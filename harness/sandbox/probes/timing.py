@@ -7,7 +7,7 @@ import torch
 
 from harness.alloc import AllocationTracker
 
-from .common import FAMILY_OPS, _perf_counter, detach_tree, forbid
+from .common import FAMILY_OPS, _perf_counter, _process_time, detach_tree, forbid
 from .guards import guarded
 
 
@@ -61,7 +61,8 @@ def probe_timed(module, target, baseline, inputs, warmup_inputs, kwargs, baselin
     ``reason``, ``no_grad`` (default True), ``threads`` (intra-op threads of both while timed,
     None: unchanged), ``forbid_ops`` (substrings of ATen op names that the candidate must not
     reach, besides those of the ``forbid`` names' families; checked on one extra untimed call before the warm-up), ``max_call_s`` (a second
-    untimed call slower than this ends the probe at once with the figure ``too_slow_s``).
+    untimed call slower than this, in CPU seconds on CPU and wall seconds on CUDA, ends the probe at once
+    with the figure ``too_slow_s``).
 
     Value: the candidate's output for each pool input (its last timed call on it), kept in
     this process (``{"keep": True}``: the caller reads them one by one). Figures (claims, see
@@ -117,10 +118,12 @@ def probe_timed(module, target, baseline, inputs, warmup_inputs, kwargs, baselin
         max_call_s = opts.get("max_call_s")
         if max_call_s is not None:  # one plain call: a candidate too slow to time stops here, not at a timeout
             again = _clone_tree(warmup_inputs[0])
-            w0, c0 = _perf_counter(), clock()
+            w0, c0, p0 = _perf_counter(), clock(), _process_time()
             with guards["candidate"]():
                 target(*again, **kwargs)
-            wall, probe_s = _perf_counter() - w0, probe_s + clock() - c0
+            # on CPU the process's CPU seconds (every thread's), which the machine's load cannot inflate
+            wall = _perf_counter() - w0 if device.type == "cuda" else _process_time() - p0
+            probe_s += clock() - c0
             if wall > max_call_s:
                 return [], {"too_slow_s": wall, "forbidden": sorted(set(seen)), "ops_forbidden": ops_hit}
         pools = {"candidate": inputs, "baseline": [_clone_tree(a) for a in inputs]}

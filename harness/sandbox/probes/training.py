@@ -7,12 +7,14 @@ import torch
 
 from .comm import _ACTIVE
 from .common import _gc_collect, detach_tree
+from .guards import trusted
 from .measure import _watched
 
 
 # --- training steps (data-parallel labs): a trusted model on the rank, one backward watched ----------
 
 _TORCH_DDP = torch.nn.parallel.DistributedDataParallel  # the lab 07 baseline, bound before any submission
+_saved_tensors_hooks = torch.autograd.graph.saved_tensors_hooks
 
 
 class TrainNet(torch.nn.Module):
@@ -51,8 +53,14 @@ class TrainNet(torch.nn.Module):
         call = len(stats["rows"])
         stats["rows"].append(int(x.shape[0]) if x.dim() else 0)
         stats["actions"].append(["F", call])
-        with torch.autograd.graph.saved_tensors_hooks(lambda t: _Saved(t, stats, call), _Saved.unpack):
+        with trusted():  # the grader's own hooks, inside the submission's measured call
+            hooks = _saved_tensors_hooks(lambda t: _Saved(t, stats, call), _Saved.unpack)
+            hooks.__enter__()
+        try:
             y = self._forward(x, skip)
+        finally:
+            with trusted():
+                hooks.__exit__(None, None, None)
         if y.requires_grad:
             y.register_hook(_backward_mark(stats, call))
         return y

@@ -1,6 +1,7 @@
 """Weight decay is applied to every owned parameter, also those with no gradient on any rank.
 Caught by: test_grad_none_on_all_ranks_leaves_param_unchanged[W2-never]."""
 SELECT = 'test_grad_none_on_all_ranks_leaves_param_unchanged and W2-never'
+MESSAGE = 'must stay unchanged in that step'
 MUTATE = [("""            if b <= a or not has_grad[i]:
                 continue
             g = self.param_groups[gi]

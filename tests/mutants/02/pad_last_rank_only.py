@@ -3,6 +3,7 @@ owns c = ceil(N/W) real elements, which fails once ceil(N/W)*(W-1) > N (N = 5 on
 owns 1 element, rank 3 none, and rank 2's short shard breaks the all-gather).
 Caught by: test_n_not_divisible_by_w_padding_never_leaks[W4-N5] (and test_a_rank_that_owns_nothing[N2])."""
 SELECT = 'test_n_not_divisible_by_w_padding_never_leaks and W4-N5'
+MESSAGE = 'more than the last rank may be short'
 MUTATE = [("""            mine = torch.zeros(c, dtype=torch.float32, device=device)
             for p, _, off in self._layout:
                 a, b = self._owned(off, p.numel())

@@ -4,6 +4,7 @@ which the contract forbids.
 Caught by: test_does_not_call_scaled_dot_product_attention.
 """
 SELECT = 'test_does_not_call_scaled_dot_product_attention'
+MESSAGE = 'called torch.nn.functional.scaled_dot_product_attention'
 MUTATE = [
     ("    G = Hq // Hkv\n",
      "    G = Hq // Hkv\n"

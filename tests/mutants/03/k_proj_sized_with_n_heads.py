@@ -4,6 +4,7 @@ forward then keeps only the first n_kv_heads heads' columns.
 Caught by: test_projection_shapes_follow_head_counts.
 """
 SELECT = 'test_projection_shapes_follow_head_counts and d32-H4-Hkv2'
+MESSAGE = "the projections do not have the contract's shapes"
 MUTATE = [
     ("        self.k_proj = nn.Linear(d_model, n_kv_heads * self.head_dim, bias=bias)\n"
      "        self.v_proj = nn.Linear(d_model, n_kv_heads * self.head_dim, bias=bias)\n",

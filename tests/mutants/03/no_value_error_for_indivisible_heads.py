@@ -4,4 +4,5 @@
 Caught by: test_non_divisible_head_counts_raise_value_error.
 """
 SELECT = 'test_non_divisible_head_counts_raise_value_error and 6-4'
+MESSAGE = 'Hq % Hkv != 0'
 MUTATE = [("    if Hkv < 1 or Hq % Hkv != 0:\n", "    if Hkv < 1:\n")]

@@ -6,6 +6,7 @@ Caught by: test_cpu_speed_against_sdpa (no performance credit: ~20-30x SDPA's CP
 past zero_credit).
 """
 SELECT = 'test_cpu_speed_against_sdpa'
+MESSAGE = 'never a Python loop over heads'
 MUTATE = [
     ("    acc = torch.promote_types(q.dtype, torch.float32)             # fp16/bf16 -> fp32; fp64 stays\n",
      "    acc = torch.promote_types(q.dtype, torch.float32)             # fp16/bf16 -> fp32; fp64 stays\n"

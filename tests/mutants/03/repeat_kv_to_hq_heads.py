@@ -4,6 +4,7 @@ Numerically right, but allocates B*Hq*Lk*D elements: the memory rule forbids it.
 Caught by: test_no_tensor_larger_than_scores_q_or_kv.
 """
 SELECT = 'test_no_tensor_larger_than_scores_q_or_kv and B1-Hq32-Hkv2-Lq1-Lk16384-D64'
+MESSAGE = 'K/V materialised at Hq heads'
 MUTATE = [
     ("    qf = q.to(acc).reshape(B, Hkv, G * Lq, D)                     # (B, Hkv, G*Lq, D)\n"
      "    kf, vf = k.to(acc), v.to(acc)                                 # (B, Hkv, Lk, D), no repeat\n",

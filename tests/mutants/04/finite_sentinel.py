@@ -7,6 +7,7 @@ test_part_b_stable_for_logits_near_minus_1e6 (every logit is below -1e4, so
 p = exp(s + 1e4) underflows to 0).
 """
 SELECT = 'test_part_b_matches_float64_attention and B2-H1-Lq70-Lk19-D16-causal-fp32'
+MESSAGE = 'a finite "minus infinity" such as -1e4'
 MUTATE = [
     ('m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)',
      'm_i = tl.full([BLOCK_M], -1.0e4, dtype=tl.float32)'),

@@ -4,6 +4,7 @@ a stable softmax. Correct values, but the memory bound is broken.
 Killed by: graders/04/test_part_a_torch.py::test_part_a_allocates_no_score_matrix.
 """
 SELECT = 'test_part_a_allocates_no_score_matrix and full'
+MESSAGE = 'the (Lq, Lk) score matrix (or a full key row) was materialised'
 MUTATE = [
     ("    out = torch.empty(q.shape, dtype=q.dtype, device=q.device)\n"
      "    lse = torch.empty((B, H, Lq), dtype=torch.float32, device=q.device)\n"

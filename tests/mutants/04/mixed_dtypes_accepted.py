@@ -4,6 +4,7 @@ float32 q is silently accepted (and upcast) instead of raising TypeError naming 
 Killed by: graders/04/test_part_a_torch.py::test_part_a_bad_args_raise[k-dtype-differs].
 """
 SELECT = 'test_part_a_bad_args_raise and k-dtype-differs'
+MESSAGE = 'k-dtype-differs (an error naming k): expected TypeError'
 MUTATE = [
     ("        if t.dtype != q.dtype:\n", "        if False:\n"),
 ]

@@ -6,6 +6,7 @@ Killed by: graders/04/test_part_b_triton.py::test_part_b_matches_float64_attenti
 (B1-H2-Lq50-Lk67-D32-full: the last key block holds 3 real keys).
 """
 SELECT = 'test_part_b_matches_float64_attention and B1-H2-Lq50-Lk67-D32-full-fp32'
+MESSAGE = 'padded keys of a ragged last key block were not masked'
 MUTATE = [
     ("keep = col_ok[None, :]", "keep = (offs_n < Lk)[None, :]"),
 ]

@@ -7,6 +7,7 @@ SDPA is past zero_credit), which runs before the determinism and memory tests, w
 tiles of 1024-long rows under the allocation tracker take minutes.
 """
 SELECT = 'test_part_a_cpu_speed_vs_sdpa'
+MESSAGE = 'use the default 64 x 64 tiles'
 MUTATE = [
     ('            raise ValueError(f"{name} must be a positive int, got {b!r}")\n    B, H, Lq, D = q.shape\n',
      '            raise ValueError(f"{name} must be a positive int, got {b!r}")\n    B, H, Lq, D = q.shape\n'

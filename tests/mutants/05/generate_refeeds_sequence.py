@@ -5,6 +5,7 @@ Killed by: test_decode_step_flops_flat_except_attention,
 test_cached_step_is_a_small_fraction_of_uncached.
 """
 SELECT = 'test_decode_step_flops_flat_except_attention'
+MESSAGE = 'decode-step FLOPs grow with position faster than attention'
 MUTATE = [
     ("        logits = model(step_input if use_cache else out, cache=cache, attention_mask=mask)\n",
      "        if cache is not None:\n"

@@ -5,6 +5,7 @@ Killed by: test_overflow_raises_and_changes_no_byte,
 test_model_overflow_raises_and_changes_no_byte.
 """
 SELECT = 'test_overflow_raises_and_changes_no_byte and layer0'
+MESSAGE = 'overflow wrote to the storage before raising'
 MUTATE = [
     ("        if S + T > self.max_seq_len:  # check before writing: an overflow changes nothing\n"
      "            raise ValueError(f\"KVCache overflow: {S} positions stored + {T} new > max_seq_len={self.max_seq_len}\")\n"

@@ -7,6 +7,7 @@ Caught by: test_cpu_speed_cached_vs_uncached_generate (no performance credit: it
 ratio to the uncached generate is past zero_credit).
 """
 SELECT = 'test_cpu_speed_cached_vs_uncached_generate'
+MESSAGE = 'one batched prefill (not one token at a time)'
 MUTATE = [
     ("    step_input = input_ids  # the whole prompt first (prefill), then one token at a time\n",
      "    step_input = input_ids  # the whole prompt first (prefill), then one token at a time\n"

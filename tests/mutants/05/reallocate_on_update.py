@@ -5,6 +5,7 @@ Killed by: test_storage_never_reallocated_during_generation,
 test_update_returns_views_of_the_stored_prefix.
 """
 SELECT = 'test_update_returns_views_of_the_stored_prefix'
+MESSAGE = 'or the storage was reallocated'
 MUTATE = [
     ("        self.k[layer_idx, :, :, S:S + T] = k\n",
      "        self.k, self.v = self.k.clone(), self.v.clone()  # out-of-place, to be safe\n"

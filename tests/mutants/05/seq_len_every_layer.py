@@ -7,6 +7,7 @@ appends through several layers (the stored-prefix checks) or drives the model wi
 (test_cached_decode_matches_uncached_every_step, test_multi_token_appends_match_reference).
 """
 SELECT = 'test_seq_len_advances_only_after_last_layer'
+MESSAGE = 'seq_len advanced at the wrong time'
 MUTATE = [
     ("        if layer_idx == self.n_layers - 1:\n            self.seq_len = S + T\n",
      "        self.seq_len = S + T\n"),

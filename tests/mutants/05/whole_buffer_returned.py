@@ -6,6 +6,7 @@ Killed by: test_nan_prefilled_cache_gives_finite_identical_results,
 test_update_returns_views_of_the_stored_prefix.
 """
 SELECT = 'test_update_returns_views_of_the_stored_prefix'
+MESSAGE = 'slots past seq_len were read'
 MUTATE = [
     ("        return self.k[layer_idx, :, :, :S + T], self.v[layer_idx, :, :, :S + T]\n",
      "        return self.k[layer_idx], self.v[layer_idx]\n"),

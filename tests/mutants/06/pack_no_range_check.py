@@ -3,5 +3,6 @@
 Caught by: test_pack_out_of_range_code_raises_value_error.
 """
 SELECT = 'test_pack_out_of_range_code_raises_value_error and 16-uint8'
+MESSAGE = 'codes are in [0, 15]'
 MUTATE = [("    if codes.numel() and (codes.min() < 0 or codes.max() > 15):\n",
            "    if False:\n")]

@@ -4,5 +4,6 @@ representable in all-positive groups and constant groups collapse to 0.
 Caught by: test_asymmetric_all_positive_groups_keep_zero_in_range.
 """
 SELECT = 'test_asymmetric_all_positive_groups_keep_zero_in_range and 4'
+MESSAGE = 'the range must include 0'
 MUTATE = [("    lo = wg.amin(dim=-1).clamp(max=0) ", "    lo = wg.amin(dim=-1) "),
           ("    hi = wg.amax(dim=-1).clamp(min=0)\n", "    hi = wg.amax(dim=-1)\n")]

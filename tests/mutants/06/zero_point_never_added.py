@@ -5,5 +5,6 @@ dequantize's (codes - zero_point) * scale shifts the rest down by zero_point * s
 Caught by: test_asymmetric_codes_zero_point_dtypes_and_ranges (named "zero point never added").
 """
 SELECT = 'test_asymmetric_codes_zero_point_dtypes_and_ranges and out3-in20-bits8-row'
+MESSAGE = 'zero point never added'
 MUTATE = [("    codes = (torch.round(wg / safe[..., None]) + zero_point[..., None]).clamp(0, qmax)",
            "    codes = torch.round(wg / safe[..., None]).clamp(0, qmax)")]

@@ -6,6 +6,7 @@ Caught by: test_absorbed_decode_allocates_no_per_head_key_or_value ("the absorbe
 step materialised a per-head key or value over the cache").
 """
 SELECT = "test_absorbed_decode_allocates_no_per_head_key_or_value"
+MESSAGE = 'the absorbed decode step materialised a per-head key or value over the cache'
 MUTATE = [
     ("""            o_lat = p.view(B, H * L, Lk) @ c                      # (B, H*L, r): the attended latent
             o = torch.einsum("bhlr,hvr->blhv", o_lat.view(B, H, L, r), w_uv)  # W_UV after attention""",

@@ -7,6 +7,7 @@ Caught by: test_nbytes_equals_formula_and_storage_is_preallocated ("storage not
 preallocated to exactly nbytes ... (the latent plus decompressed per-head K/V)").
 """
 SELECT = "test_nbytes_equals_formula_and_storage_is_preallocated and B3 and fp32"
+MESSAGE = 'the latent plus decompressed per-head K/V'
 MUTATE = [
     ("        self.device = self.latent.device\n",
      "        self.device = self.latent.device\n"

@@ -6,4 +6,5 @@ Caught by: test_config_rejects_bad_sizes_naming_the_field[qk_rope_head_dim=7] ("
 qk_rope_head_dim ... expected ValueError, nothing was raised").
 """
 SELECT = "test_config_rejects_bad_sizes_naming_the_field and 7"
+MESSAGE = 'an odd qk_rope_head_dim (RoPE turns pairs)): expected ValueError'
 MUTATE = [("        if self.qk_rope_head_dim % 2:\n", "        if False:\n")]

@@ -6,6 +6,7 @@ Caught by: test_no_per_head_per_token_tensor_kept[naive] ("the layer keeps a per
 per-token tensor after forward").
 """
 SELECT = "test_no_per_head_per_token_tensor_kept and naive"
+MESSAGE = 'the layer keeps a per-head, per-token tensor after forward'
 MUTATE = [("            kv = self.wkv_b(c_all).view(B, Lk, H, dn + dv).to(wide)\n",
            "            kv = self.wkv_b(c_all).view(B, Lk, H, dn + dv).to(wide)\n"
            "            self._kv = kv   # kept for reuse\n")]

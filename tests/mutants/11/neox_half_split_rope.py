@@ -5,6 +5,7 @@ Caught by: test_naive_matches_float64_oracle ("RoPE pairs look rotated half-spli
 style)").
 """
 SELECT = "test_naive_matches_float64_oracle and odd-B2"
+MESSAGE = 'RoPE pairs look rotated half-split (NeoX style'
 MUTATE = [
     ("    x0, x1 = x[..., 0::2], x[..., 1::2]\n"
      "    return torch.stack([x0 * cos - x1 * sin, x0 * sin + x1 * cos], dim=-1).flatten(-2)\n",

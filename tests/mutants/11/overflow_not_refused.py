@@ -6,6 +6,7 @@ Caught by: test_overflow_raises_naming_max_seq_len_and_changes_nothing ("cache o
 not refused").
 """
 SELECT = "test_overflow_raises_naming_max_seq_len_and_changes_nothing"
+MESSAGE = 'cache overflow not refused'
 MUTATE = [
     ("        if self.seq_len + L > self.max_seq_len:\n"
      "            raise ValueError(f\"cache overflow: {L} new tokens after {self.seq_len} stored exceed \"\n"

@@ -6,6 +6,7 @@ Caught by: test_nbytes_equals_formula_and_storage_is_preallocated ("nbytes is wr
 the rope key stored once per head").
 """
 SELECT = "test_nbytes_equals_formula_and_storage_is_preallocated and B3 and fp32"
+MESSAGE = 'the rope key stored once per head'
 MUTATE = [
     ("self.latent = torch.zeros(batch_size, max_seq_len, cfg.kv_lora_rank + cfg.qk_rope_head_dim,",
      "self.latent = torch.zeros(batch_size, max_seq_len, cfg.kv_lora_rank + cfg.n_heads * cfg.qk_rope_head_dim,"),

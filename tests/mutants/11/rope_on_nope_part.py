@@ -5,6 +5,7 @@ position (and W_UK can be absorbed); only q_rope and the shared k_rope turn.
 Caught by: test_naive_matches_float64_oracle ("RoPE was applied to the nope part too").
 """
 SELECT = "test_naive_matches_float64_oracle and odd-B2"
+MESSAGE = 'RoPE was applied to the nope part too'
 MUTATE = [
     ("""            k_nope, v = kv.split([dn, dv], dim=-1)                # (B, Lk, H, dn), (B, Lk, H, dv)
 """, """            k_nope, v = kv.split([dn, dv], dim=-1)                # (B, Lk, H, dn), (B, Lk, H, dv)

@@ -5,5 +5,6 @@ Caught by: test_rope_positions_continue_after_the_cached_length ("RoPE positions
 at 0 for each call").
 """
 SELECT = "test_rope_positions_continue_after_the_cached_length and S11"
+MESSAGE = 'RoPE positions restart at 0 for each call'
 MUTATE = [("        cos, sin = _angles(S, L, dr, cfg.rope_theta, wide, x.device)\n",
            "        cos, sin = _angles(0, L, dr, cfg.rope_theta, wide, x.device)\n")]

@@ -5,6 +5,7 @@ training step) absorbed outputs follow the old weights.
 Caught by: test_absorbed_outputs_follow_changes_of_wkv_b ("a stale folded weight").
 """
 SELECT = "test_absorbed_outputs_follow_changes_of_wkv_b"
+MESSAGE = 'a stale folded weight'
 MUTATE = [
     ("            w = self.wkv_b.weight.to(wide).view(H, dn + dv, r)   # recomputed each call: never stale\n",
      "            if getattr(self, \"_fold\", None) is None:   # folded once, on the first call\n"

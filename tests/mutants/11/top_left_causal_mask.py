@@ -5,5 +5,6 @@ multi-token append after a cached prefix.
 Caught by: test_multi_token_appends_match_oracle ("causal mask looks top-left aligned").
 """
 SELECT = "test_multi_token_appends_match_oracle and 5+3+1+4"
+MESSAGE = 'causal mask looks top-left aligned'
 MUTATE = [("        hidden = j > i + (Lk - L)                                 # (L, Lk): bottom-right causal\n",
            "        hidden = j > i                                            # (L, Lk): top-left\n")]

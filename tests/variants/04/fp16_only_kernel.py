@@ -10,4 +10,5 @@ MUTATE = [
 ]
 BUG = True
 MAY_FAIL = ["test_part_b_matches_float64_attention"]
-SELECT = "test_part_b_uses_no_block_pointers or test_part_b_does_not_call_sdpa or (matches_float64 and fp32)"
+SELECT = ("test_part_b_uses_no_block_pointers or test_part_b_does_not_call_sdpa or test_part_b_bad_args_raise "
+          "or (matches_float64 and fp32)")

@@ -9,4 +9,4 @@ MUTATE = [("    return c[..., 0::2] | (c[..., 1::2] << 4)", "    return (c[..., 
           ("    low, high = packed & 0xF, packed >> 4", "    low, high = packed >> 4, packed & 0xF")]
 BUG = True
 MAY_FAIL = ["test_pack_puts_even_element_in_low_nibble", "test_unpack_is_exact_inverse_of_pack"]
-SELECT = "low_nibble or every_integer_dtype or unpack"
+SELECT = "low_nibble or every_integer_dtype or unpack or pack_rejects or pack_odd or pack_out_of_range"

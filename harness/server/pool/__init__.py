@@ -25,11 +25,12 @@ host's runner token. A lost or repeated message therefore loses or doubles nothi
   message is delivered again) twice the hard limit, so a message is never redelivered
   while its first delivery may still be running or waiting for a retry countdown.
 * **Leases, not the broker, recover a killed worker**: a claimed job is leased; the
-  task renews it (``runner.Heartbeat``) while it grades. A SIGKILLed worker stops
-  renewing; the server's reaper puts the job back in the queue and publishes its id
+  task works it with the runners' one job loop (``jobs.work``, through ``ApiJobs``: a
+  ``Heartbeat`` renews the lease while it grades, then complete or fail). A SIGKILLed
+  worker stops renewing; the server's reaper puts the job back in the queue and publishes its id
   again; its unacknowledged message comes back only after the visibility timeout and
   finds the job done (a quiet duplicate).
-* **Retries**: an infrastructure failure (``runner.InfraError``, the soft time limit,
+* **Retries**: an infrastructure failure (``InfraFailure``, the soft time limit,
   a harness bug) is POSTed as ``fail`` (the server re-queues the job, or marks it
   failed after ``service.MAX_ATTEMPTS``) and retried with exponential backoff, at most
   ``INFRA_RETRIES`` (2) times. A student's timeout, crash or wrong answer is a result:
@@ -67,11 +68,11 @@ from celery import Celery, signals
 from celery.exceptions import SoftTimeLimitExceeded
 from kombu import Exchange, Queue
 
-from .. import grading, manifest
-from ..errors import LabsError
-from ..manifest import Course
-from . import runner, service
-from .db import QUEUES
+from ... import grading, manifest
+from ...errors import LabsError
+from ...manifest import Course
+from .. import jobs, runner, service
+from ..db import QUEUES
 
 TASK = "labs.grade"
 MARGIN_S = 120.0          # soft limit = the course's longest grader limit + this; hard = soft + this
@@ -261,41 +262,54 @@ def grade(self, job_id: int) -> str:
         raise _refused(r)
     job = r.json()
     log.info("labs: job %s claimed (lab %s, %s), lease %.0f s", job_id, job["lab"], job["student"], lease_s)
+    claimed = jobs.Claimed(job_id, job["lab"], base64.b64decode(job["blob"]), job.get("timeout_s"))
+    done = jobs.work(ApiJobs(host.client, lease_s), claimed, host.course, host.info, sandbox=cfg.get("sandbox"),
+                     describe=_describe)
+    if done.lease_lost:
+        log.warning("labs: job %s: the lease was lost while grading (reaped); the result was sent anyway", job_id)
+    if done.graded is None:
+        log.warning("labs: job %s: infrastructure failure (%s); the job is %s", job_id, done.failure, done.state)
+        if done.state == "queued" and retries < INFRA_RETRIES:
+            raise self.retry(countdown=BACKOFF_S * 2 ** retries, max_retries=INFRA_RETRIES)
+        return f"job {job_id}: infrastructure failure, job {done.state}"
+    if done.stored is None:
+        return f"job {job_id}: graded, but the server did not take the result; the reaper re-queues it"
+    graded = done.graded
+    log.info("labs: job %s: %s (%s, %.1f s)%s", job_id, graded.kind.value, graded.status, graded.duration_s,
+             "" if done.stored else "; a result was already stored (dropped)")
+    return f"job {job_id}: {'stored' if done.stored else 'duplicate result dropped'}"
 
-    def renew() -> bool:
-        got = host.client.post(f"/api/runner/jobs/{job_id}/renew", params={"lease_s": lease_s}, timeout=10)
+
+class ApiJobs:
+    """A pool worker's jobs: the server's runner API (``/api/runner/jobs/{id}/renew|complete|fail``)
+    with the host's runner token; a server that does not answer is waited for (``_call``)."""
+
+    def __init__(self, client: httpx.Client, lease_s: float):
+        self.client, self.lease_s = client, lease_s
+
+    def renew(self, job_id: int) -> bool:
+        got = self.client.post(f"/api/runner/jobs/{job_id}/renew", params={"lease_s": self.lease_s}, timeout=10)
         got.raise_for_status()
         return bool(got.json().get("held"))
 
-    failure = None
-    with runner.Heartbeat(renew, lease_s / 4) as hb:
-        try:
-            outcome = runner.grade_job(host.course, job["lab"], job["student"], job["filename"],
-                                       base64.b64decode(job["blob"]), sandbox=cfg.get("sandbox"),
-                                       timeout_s=job.get("timeout_s"))
-        except SoftTimeLimitExceeded:
-            failure = f"the grading task exceeded its soft time limit ({app.conf.task_soft_time_limit:.0f} s)"
-        except Exception as e:  # noqa: BLE001 - InfraError or a harness bug: never the student's 0
-            failure = f"{type(e).__name__}: {e}"
-    if hb.lost.is_set():
-        log.warning("labs: job %s: the lease was lost while grading (reaped); sending the result anyway", job_id)
-    if failure is not None:
-        got = _call("POST", f"/api/runner/jobs/{job_id}/fail", json={"reason": f"{socket.gethostname()}: {failure}"})
-        state = got.json().get("state") if got is not None and got.status_code == 200 else "unknown"
-        log.warning("labs: job %s: infrastructure failure (%s); the job is %s", job_id, failure, state)
-        if state == "queued" and retries < INFRA_RETRIES:
-            raise self.retry(countdown=BACKOFF_S * 2 ** retries, max_retries=INFRA_RETRIES)
-        return f"job {job_id}: infrastructure failure, job {state}"
-    outcome.update(host=host.info, gpu_model=host.info["gpu_model"])
-    got = _call("POST", f"/api/runner/jobs/{job_id}/complete", json=outcome, patience_s=2 * PATIENCE_S)
-    if got is None:
-        return f"job {job_id}: graded, but the server did not take the result; the reaper re-queues it"
-    if got.status_code != 200:
-        raise _refused(got)
-    stored = got.json().get("stored")
-    log.info("labs: job %s: %s (%s, %.1f s)%s", job_id, outcome["kind"], outcome["status"], outcome["duration_s"],
-             "" if stored else "; a result was already stored (dropped)")
-    return f"job {job_id}: {'stored' if stored else 'duplicate result dropped'}"
+    def complete(self, job_id: int, outcome: service.Outcome) -> bool | None:
+        """True stored, False a duplicate (dropped), None the server did not take it.
+        Raises LabsError when the server refuses the runner."""
+        got = _call("POST", f"/api/runner/jobs/{job_id}/complete", json=outcome.to_json(), patience_s=2 * PATIENCE_S)
+        if got is not None and got.status_code != 200:
+            raise _refused(got)
+        return None if got is None else bool(got.json().get("stored"))
+
+    def fail(self, job_id: int, reason: str) -> str:
+        got = _call("POST", f"/api/runner/jobs/{job_id}/fail", json={"reason": f"{socket.gethostname()}: {reason}"})
+        return got.json().get("state") if got is not None and got.status_code == 200 else "unknown"
+
+
+def _describe(e: Exception) -> str:
+    """Why a grading task gave no grade, for ``fail``."""
+    if isinstance(e, SoftTimeLimitExceeded):
+        return f"the grading task exceeded its soft time limit ({app.conf.task_soft_time_limit:.0f} s)"
+    return f"{type(e).__name__}: {e}"
 
 
 def check_server(server: str, token: str) -> None:
@@ -369,7 +383,3 @@ def main(argv: list[str] | None = None) -> int:
                      "--without-gossip", "--without-mingle", "--without-heartbeat"])
     return 0
 
-
-if __name__ == "__main__":
-    from harness.server.pool import main as _main  # the module's own app and task, not __main__'s copy
-    raise SystemExit(_main())

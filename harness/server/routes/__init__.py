@@ -1,0 +1,10 @@
+"""The course server's routes, one module per resource (the FastAPI template's ``api/routes``):
+``submissions`` (students: upload, read their own, the leaderboard), ``runner`` (runner
+hosts: claim, renew, complete, fail), ``bridge`` (the Gradescope autograder), ``staff``
+(overview, grades, regrades, invalid runs) and ``pages`` (the server-rendered pages).
+``ROUTERS`` is the list ``create_app`` includes, in that order."""
+from __future__ import annotations
+
+from . import bridge, pages, runner, staff, submissions
+
+ROUTERS = [submissions.router, runner.router, bridge.router, staff.router, pages.router]

@@ -1,0 +1,66 @@
+"""The server-rendered pages (``server/pages.py`` renders them): sign in, a student's
+submissions, one submission, the staff overview, the leaderboard. No static files: no
+route serves anything on disk."""
+from __future__ import annotations
+
+from fastapi import APIRouter, Form
+from fastapi.responses import HTMLResponse, RedirectResponse
+from sqlalchemy import select
+
+from .. import pages, service
+from ..db import Submission
+from ..deps import COOKIE, CourseDep, Now, SessionDep, Staff, Student, own
+from ..service import Rejected
+
+router = APIRouter()
+
+
+@router.get("/", response_class=HTMLResponse)
+def home():
+    return RedirectResponse("/me", 303)
+
+
+@router.get("/login", response_class=HTMLResponse)
+def login_form(course: CourseDep):
+    return pages.login(course)
+
+
+@router.post("/login")
+def login(s: SessionDep, token: str = Form(...)):
+    """Check the token, set it as the login cookie, go to the caller's page."""
+    who = service.authenticate(s, token, ("student", "staff"))
+    resp = RedirectResponse("/staff" if who.role == "staff" else "/me", 303)
+    resp.set_cookie(COOKIE, token, httponly=True, samesite="strict")
+    return resp
+
+
+@router.get("/me", response_class=HTMLResponse)
+def me(course: CourseDep, s: SessionDep, who: Student, now: Now):
+    subs = s.scalars(select(Submission).where(Submission.account_id == who.id)
+                     .order_by(Submission.created_at.desc())).all()
+    return pages.student(course, who, [service.submission_view(s, course, x, who, now) for x in subs])
+
+
+@router.get("/submissions/{sub_id}", response_class=HTMLResponse)
+def submission_page(sub_id: str, course: CourseDep, s: SessionDep, who: Student, now: Now):
+    return pages.submission(course, service.submission_view(s, course, own(s, who, sub_id), who, now),
+                            staff=who.role == "staff")
+
+
+@router.get("/staff", response_class=HTMLResponse)
+def staff_page(course: CourseDep, s: SessionDep, _: Staff, now: Now):
+    return pages.staff(course, service.overview(s, course, now), service.runner_health(s, now))
+
+
+@router.get("/leaderboard/{lab}", response_class=HTMLResponse)
+def leaderboard_page(lab: str, course: CourseDep, s: SessionDep, who: Student, gpu: str | None = None):
+    if lab not in course.labs:
+        raise Rejected(404, f"no lab {lab!r}")
+    return pages.leaderboard(course, course.labs[lab], service.leaderboard(s, lab, gpu, staff=who.role == "staff"),
+                             staff=who.role == "staff")
+
+
+@router.post("/staff/results/{result_id}/invalid")
+def invalid_form(result_id: int, s: SessionDep, _: Staff, reason: str = Form(...), lab: str = Form(...)):
+    service.mark_invalid(s, result_id, reason)
+    return RedirectResponse(f"/leaderboard/{lab}", 303)

@@ -1,0 +1,52 @@
+"""Students' routes: upload a lab's module, read their own submissions, the leaderboard."""
+from __future__ import annotations
+
+from fastapi import APIRouter, File, Form, UploadFile
+from sqlalchemy import select
+
+from .. import service
+from ..db import Account, Submission
+from ..deps import CourseDep, Now, ServerDep, SessionDep, Student, own
+from ..service import Rejected
+
+router = APIRouter(prefix="/api")
+
+
+@router.post("/submissions", status_code=201)
+async def submit(srv: ServerDep, s: SessionDep, who: Student, now: Now, lab: str = Form(...),
+                 file: UploadFile = File(...)):
+    """Store the upload's module and queue it (``service.submit``); the view, and whether
+    it was the same module as one already queued or graded (``duplicate``)."""
+    data = await file.read(srv.course.submissions.max_kb * 1024 + 1)
+    got = service.submit(s, srv.course, who, lab, file.filename or "upload", data, now)
+    if not got.duplicate:
+        srv.publish_job(s, got.job.id)
+    return {**service.submission_view(s, srv.course, got.submission, who, now), "duplicate": got.duplicate}
+
+
+@router.get("/submissions")
+def list_submissions(course: CourseDep, s: SessionDep, who: Student, now: Now, lab: str | None = None,
+                     student: str | None = None):
+    """The caller's submissions (staff: everyone's, or ``student``'s), oldest first."""
+    q = select(Submission).order_by(Submission.created_at)
+    if who.role != "staff":
+        q = q.where(Submission.account_id == who.id)
+    elif student:
+        q = q.join(Account).where(Account.name == student)
+    if lab:
+        q = q.where(Submission.lab == lab)
+    return [service.submission_view(s, course, sub, who, now) for sub in s.scalars(q)]
+
+
+@router.get("/submissions/{sub_id}")
+def get_submission(sub_id: str, course: CourseDep, s: SessionDep, who: Student, now: Now):
+    """One submission of the caller's: state, queue position, ETA, result."""
+    return service.submission_view(s, course, own(s, who, sub_id), who, now)
+
+
+@router.get("/leaderboard/{lab}")
+def leaderboard(lab: str, course: CourseDep, s: SessionDep, who: Student, gpu: str | None = None):
+    """Each student's best run of ``lab`` per GPU model (pseudonyms; staff see names)."""
+    if lab not in course.labs:
+        raise Rejected(404, f"no lab {lab!r}")
+    return service.leaderboard(s, lab, gpu, staff=who.role == "staff")
