@@ -153,7 +153,8 @@ class _LabsState:
         return _sandbox.WorkerConfig(
             module_source=path.read_text(errors="replace"), module_filename=lab.filename,
             stub_source=stub.read_text() if stub.is_file() and stub.resolve() != path.resolve() else None,
-            api=list(lab.api), lab=lab.number, hide=[str(p) for p in hide if p.is_dir()], memory_mb=lab.limits.memory_mb,
+            api=list(lab.api), lab=lab.number, hide=[str(p) for p in hide if p.is_dir()], own=str(path.parent.parent),
+            memory_mb=lab.limits.memory_mb,
             cpu_s=int(lab.limits.timeout_s * max(1.0, lab.limits.cpus)), nproc=lab.limits.pids,
             call_timeout_s=timeout, call_cpu_s=lab.limits.call_cpu_s)
 

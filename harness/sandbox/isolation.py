@@ -481,8 +481,10 @@ def isolate_server(cfg: dict) -> str:
     namespace of its own with fresh tmpfs on ``PRIVATE_TMP`` (the ranks of one worker share
     no file and no System V object: what they exchange crosses the measured loopback), its
     working directory ``/tmp/work``; then :func:`drop`. Without namespaces, a fresh working
-    directory under the worker's, and every hidden path checked unreadable after the drop.
-    Returns the working directory. Raises IsolationError (an infrastructure failure)."""
+    directory under the worker's, and every hidden path but the submission's own folder
+    (``cfg["own"]``: the student's code, hidden only where a mount namespace can) checked
+    unreadable after the drop. Returns the working directory. Raises IsolationError (an
+    infrastructure failure)."""
     if cfg.get("namespaces"):
         if _libc.unshare(CLONE_NEWNS | CLONE_NEWIPC) != 0:
             raise IsolationError(f"unshare of the server's mount and IPC namespaces: "
@@ -502,7 +504,7 @@ def isolate_server(cfg: dict) -> str:
     drop(cfg)
     if not cfg.get("namespaces"):
         readable = [h for h in cfg.get("hide", []) + cfg.get("private", [])
-                    if os.access(h, os.R_OK) or os.access(h, os.X_OK)]
+                    if h != cfg.get("own") and (os.access(h, os.R_OK) or os.access(h, os.X_OK))]
         if readable:
             raise IsolationError(f"no namespaces on this host and the worker's user can read {readable[0]}: "
                                  f"refusing to run student code beside readable hidden files")

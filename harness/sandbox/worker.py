@@ -89,6 +89,7 @@ class WorkerConfig:
     api: list = dataclasses.field(default_factory=list)
     lab: str = ""         # the lab's number (named in an api mismatch)
     hide: list = dataclasses.field(default_factory=list)   # paths made empty in the worker (mount ns)
+    own: str = ""         # the submission's own folder (in hide): without namespaces it may stay readable
     memory_mb: int = 8192
     cpu_s: int = 3600
     nproc: int = 512
@@ -214,7 +215,7 @@ class Worker:
         setup = {"op": "init", "uid": drop[0] if drop else None, "gid": drop[1] if drop else None,
                  "user": drop[2] if drop else None, "workdir": self.workdir,
                  "namespaces": bool(isolation.isolation_prefix()),
-                 "hide": [str(p) for p in self.cfg.hide], "private": isolation.grader_side_files(),
+                 "hide": [str(p) for p in self.cfg.hide], "own": self.cfg.own, "private": isolation.grader_side_files(),
                  "memory_mb": self.cfg.memory_mb, "cpu_s": self.cfg.cpu_s,
                  "nproc": self.cfg.nproc, "harness_parent": harness_parent,
                  "package_dirs": isolation.package_dirs(),
