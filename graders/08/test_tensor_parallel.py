@@ -64,11 +64,14 @@ def qkv_rows(d, W, r):
 
 # ----------------------------------------------------------------------------- rank bodies
 
-def body_step(rk, build, layers, x, go, kwargs, members=None):
+def body_step(rk, build, layers, x, go, kwargs, members=None, resident=False):
     """Builds the unsharded layers here, shards them with ``build`` (a name of the
     implementation: ``"ColumnParallelLinear.from_linear"``, ...), runs forward and backward;
     with ``members`` (lists of world ranks) in this rank's group of them. Where forward or
-    backward raises: ``{"error", "params"}`` (the module's state after construction)."""
+    backward raises: ``{"error", "params"}`` (the module's state after construction).
+    ``resident``: also ``"growth"``, the rank's live memory (read from outside it) right after
+    construction, the unsharded layers' weights dropped, less what it held before they were made."""
+    before = rk.resident_bytes(rk.impl) if resident else None
     handles = [rk.build_linear(w, b) for w, b in layers]
     if "activation" in kwargs:  # a dotted torch function name: its handle in the rank's process
         kwargs = {**kwargs, "activation": rk.torch_function(kwargs["activation"])}
@@ -77,6 +80,13 @@ def body_step(rk, build, layers, x, go, kwargs, members=None):
     owner, _, method = build.partition(".")
     ctor = getattr(getattr(rk.impl, owner), method) if method else getattr(rk.impl, owner)
     m = rk.call(ctor, *handles, **kwargs).out
+    growth, early = None, None
+    if before is not None:
+        early = rk.reachable_bytes(m)["total"]  # while the unsharded layers are whole
+        for h in handles:  # the unsharded layers are the grader's: only the shards stay
+            h.weight, h.bias = None, None
+        after = rk.resident_bytes(m)
+        growth = None if after is None else after - before
     xr, gr = x[rk.rank] if isinstance(x, list) else x, go[rk.rank] if isinstance(go, list) else go
     try:
         s = rk.backward(m, m, xr, grad_output=gr, input_grads=True)
@@ -86,7 +96,7 @@ def body_step(rk, build, layers, x, go, kwargs, members=None):
         return {"error": f"{type(e).__name__}: {str(e)[:300]}", "params": rk.state(m)}
     storage = rk.reachable_bytes(m)
     return {"out": s.out, "dx": s.input_grads[0], "params": s.params, "grads": s.grads, "events": s.events,
-            "reachable": storage["total"], "largest": storage["largest"]}
+            "reachable": max(storage["total"], early or 0), "largest": storage["largest"], "growth": growth}
 
 
 def body_function(rk, name, x, go):
@@ -618,10 +628,37 @@ def test_parallel_attention_reshapes_into_this_ranks_heads(W, L, impl, seed):
 
 # ----------------------------------------------------------------------------- Part C
 
+def family(op):
+    """The collective an event names, however it was spelt (``allreduce_``, ``all_reduce``, ...)."""
+    flat = op.strip("_").replace("_", "").removesuffix("base").removesuffix("coalesced")
+    for fam in ("allreduce", "allgather", "reducescatter", "alltoall", "broadcast", "reduce", "gather", "scatter"):
+        if flat.startswith(fam):
+            return fam
+    return flat
+
+
+def check_one_counter(events, case):
+    """Every collective is counted by both counters: the ``torch.distributed`` stand-ins
+    (``launch``: the functions, the group's and its backend's methods, from any thread) and the
+    dispatcher's ``c10d`` ops (``torch.ops.c10d``, this thread only) log the same collectives.
+    A backend method or a helper thread reaches the first only, a ``torch.ops.c10d`` call the
+    second only. (Functional collectives, ``_c10d_functional``, end in dispatcher ops alone and are
+    counted there.)"""
+    launched = sorted(family(e.get("op") or "") for e in events if e["k"] == "launch")
+    dispatched = sorted(family(e.get("op") or "") for e in events if e["k"] == "c10d"
+                        and ((e.get("op") or "").endswith("_") or e.get("op") == "barrier"))
+    assert launched == dispatched, (
+        f"{case}: the collectives seen through torch.distributed ({', '.join(launched) or 'none'}) are not the "
+        f"collective dispatcher ops that ran on the calling thread ({', '.join(dispatched) or 'none'}): a collective "
+        "issued on the group's backend object, from another thread or past torch.distributed; every collective goes "
+        "through torch.distributed, on the calling thread")
+
+
 def check_one_all_reduce_each_way(res, W, n, what):
     for r, out in enumerate(res):
         fwd, bwd = collectives(out["events"])
         case = f"{what}, W={W}, rank {r}"
+        check_one_counter(out["events"], case)
         for side, ops in (("forward", fwd), ("backward", bwd)):
             desc = ", ".join(f"{op}({numel})" for op, numel in ops) or "none"
             assert len(ops) == 1, f"{case}: {len(ops)} collective(s) in {side} ({desc}): exactly one all-reduce " \
@@ -654,11 +691,20 @@ def expected_bytes(kind, W, d, hidden):
     return f * (3 * d * d // W + 3 * d // W + d * d // W + d)  # qkv rows + bias shard + proj columns + full bias
 
 
+MiB = 2**20
+RESIDENT_MARGIN = 4 * MiB  # allocator and interpreter noise in a rank's live memory (measured: see the report)
+
+
 @pytest.mark.part("C")
 @pytest.mark.points(2)
 @pytest.mark.parametrize("kind, W", [("mlp", 2), ("mlp", 4), ("attention", 2)], ids=["mlp-W2", "mlp-W4", "attn-W2"])
 def test_parameters_hold_one_wth_in_storages_of_their_own(kind, W, impl, seed):
-    d, hidden = 32, 64
+    """The module's parameters and the tensor storage reachable from it (closures, cells, class
+    attributes and module globals included) are 1/W of the layers, and so is each rank's live
+    memory, read from outside the rank right after construction once the unsharded layers are
+    dropped (state hidden from the walk counts there), at d=1024, hidden=4096: an unsharded MLP
+    is 32 MiB of weights (its shards 16 or 8 MiB), an attention block 16 MiB (shards 8 MiB)."""
+    d, hidden = 1024, 4096
     if kind == "mlp":
         layers = [linear_weights(seed, d, hidden, salt=6), linear_weights(seed, hidden, d, salt=7)]
         build, kw = "ParallelMLP.from_mlp", {}
@@ -666,7 +712,7 @@ def test_parameters_hold_one_wth_in_storages_of_their_own(kind, W, impl, seed):
         layers = [linear_weights(seed, d, 3 * d, salt=8), linear_weights(seed, d, d, salt=9)]
         build, kw = "ParallelAttention.from_attention", {"n_heads": 4}
     x = torch.randn(1, 2, d, generator=gen(seed, "xs"))
-    res = run(impl, W, body_step, build, layers, x, torch.ones(1, 2, d), kw)
+    res = run_ranks(body_step, W, build, layers, x, torch.ones(1, 2, d), kw, None, True, impl=impl, timeout=3 * T)
     want = expected_bytes(kind, W, d, hidden)
     for r, out in enumerate(res):
         case = f"{build.split('.')[0]}, W={W}, rank {r}"
@@ -678,3 +724,9 @@ def test_parameters_hold_one_wth_in_storages_of_their_own(kind, W, impl, seed):
             f"{case}: {out['reachable']} bytes of tensor storage are reachable from the module, the shards are {want} "
             f"(largest: {out['largest']}): keep copies of the shards (.clone(), not views of the full weight) and no "
             "reference to the original layers")
+        if out["growth"] is not None:
+            assert out["growth"] <= want + RESIDENT_MARGIN, (
+                f"{case}: the rank's live memory grew by {out['growth'] / MiB:.1f} MiB from before the unsharded "
+                f"layers were made (their weights dropped after construction; read outside the rank), the shards are "
+                f"{want / MiB:.1f} MiB (+{RESIDENT_MARGIN / MiB:.0f} MiB of allocator noise): the rank keeps the "
+                "unsharded weights somewhere (a closure, a module-level dict, a copy): keep only its shards")

@@ -741,8 +741,10 @@ def flop_band(T, d, dff, E, k):
 @pytest.mark.part("B")
 @pytest.mark.points(3)
 def test_moe_flops_grow_with_k_not_E(impl, seed):
-    """Forward FLOPs (FlopCounterMode, next to the code) on a routing where every expert gets
-    T*k/E tokens: in [6*d*d_ff*T*k, 1.25*6*d*d_ff*T*k + 4*T*d*E], whatever E."""
+    """Forward arithmetic on a routing where every expert gets T*k/E tokens: the FLOPs
+    (FlopCounterMode, matrix-vector products included) plus the element operations it leaves
+    out (pointwise outputs, reduction inputs: a matmul written as broadcasting and ``sum`` costs
+    there what it costs as FLOPs), in [6*d*d_ff*T*k, 1.25*6*d*d_ff*T*k + 4*T*d*E], whatever E."""
     T, d, dff = 40, 12, 24
     seen = []
     for E, k in [(4, 1), (8, 1), (4, 2), (8, 2), (8, 4)]:
@@ -751,16 +753,18 @@ def test_moe_flops_grow_with_k_not_E(impl, seed):
         x = designed_tokens(g, state["router.weight"], balanced_choice(g, T, E, k))
         ref = reference(state, [x], k, None, E)
         m = build_moe(impl, state, d, dff, E, k, None)
-        out, meas = measure(m, x, alloc=False, ops=False, flops=True, no_grad=True)
+        out, meas = measure(m, x, alloc=False, ops=True, flops=True, no_grad=True)
         case = f"T={T}, d_model={d}, d_ff={dff}, E={E}, k={k}, every expert routed T*k/E={T * k // E} tokens"
         checked(out, lambda o: check_y(o, ref, case), prop="the FLOP count")
         low, high = flop_band(T, d, dff, E, k)
-        seen.append(f"E={E}, k={k}: {meas.flops}")
-        assert meas.flops >= low, (
-            f"the forward counted {meas.flops} FLOPs, below the {low} that k experts per token need ({case}): every "
-            "expert must run its three matmuls (w1, w3, w2) in torch, under the FLOP counter")
-        assert meas.flops <= high, (
-            f"the forward costs {meas.flops} FLOPs, {meas.flops / low:.2f}x the 6*d*d_ff*T*k = {low} of running "
+        cost = meas.flops + (meas.arith_elems or 0)
+        seen.append(f"E={E}, k={k}: {meas.flops} + {meas.arith_elems}")
+        assert cost >= low, (
+            f"the forward counted {cost} FLOPs and element operations, below the {low} that k experts per token need "
+            f"({case}): every expert must run its three matmuls (w1, w3, w2) in torch, under the FLOP counter")
+        assert cost <= high, (
+            f"the forward costs {meas.flops} FLOPs + {meas.arith_elems} element operations (pointwise outputs, "
+            f"reduction inputs) = {cost}, {cost / low:.2f}x the 6*d*d_ff*T*k = {low} of running "
             f"each token through its k experts; the bound is {high:.0f} ({case}; so far: {'; '.join(seen)}): a dense "
             f"'run every expert on every token and mask' costs E/k = {E / k:g}x; run each expert once, on the tokens "
             "routed to it (gather, expert, weighted scatter-add)")
@@ -957,6 +961,32 @@ def test_rank_holds_the_router_and_only_its_experts(W, impl, seed):
             "only (no reference to the whole MoE or the other experts)")
 
 
+def family(op):
+    """The collective an event names, however it was spelt (``alltoall_base_``, ``all_to_all_single``, ...)."""
+    flat = op.strip("_").replace("_", "").removesuffix("base").removesuffix("coalesced").removesuffix("single")
+    for fam in ("allreduce", "allgather", "reducescatter", "alltoall", "broadcast", "reduce", "gather", "scatter"):
+        if flat.startswith(fam):
+            return fam
+    return flat
+
+
+def check_one_counter(events, case):
+    """Every collective is counted by both counters: the ``torch.distributed`` stand-ins
+    (``launch``: the functions, the group's and its backend's methods, from any thread) and the
+    dispatcher's ``c10d`` ops (``torch.ops.c10d``, this thread only) log the same collectives.
+    A backend method or a helper thread reaches the first only, a ``torch.ops.c10d`` call the
+    second only. (Functional collectives, ``_c10d_functional``, end in dispatcher ops alone and are
+    counted there.)"""
+    launched = sorted(family(e.get("op") or "") for e in events if e["k"] == "launch")
+    dispatched = sorted(family(e.get("op") or "") for e in events if e["k"] == "c10d"
+                        and ((e.get("op") or "").endswith("_") or e.get("op") == "barrier"))
+    assert launched == dispatched, (
+        f"{case}: the collectives seen through torch.distributed ({', '.join(launched) or 'none'}) are not the "
+        f"collective dispatcher ops that ran on the calling thread ({', '.join(dispatched) or 'none'}): a collective "
+        "issued on the group's backend object, from another thread or past torch.distributed; every collective goes "
+        "through torch.distributed, on the calling thread")
+
+
 def comm_of(events, W):
     """(forward, backward) element counts of the collectives a rank issued, and a listing: an
     all-to-all counts what it sent to the other ranks (its own split left out), any other
@@ -1017,6 +1047,7 @@ def test_only_off_rank_assignments_travel(W, impl, seed):
         a_in = sum(int((choices[s] // n == r).sum()) for s in range(W) if s != r)
         rows = (a_off + a_in) * d
         meta = META * (W * E + T_r * (k + E))
+        check_one_counter(out["events"], case)
         for side, (sent, listing) in zip(("forward", "backward"), comm_of(out["events"], W)):
             if W == 1:
                 assert sent == 0, f"{case}: at W=1 nothing may be sent; the {side} sent {sent} elements ({listing})"

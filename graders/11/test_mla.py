@@ -652,6 +652,40 @@ def test_no_per_head_per_token_tensor_kept(impl, gen, absorb):
         f"parameters grew by {grown} bytes from a forward of {tokens[0]} tokens to one of {tokens[1]} "
         f"({extra[0]} -> {extra[1]} bytes), about {grown / max(tokens[1] - tokens[0], 1):.0f} bytes per token; a "
         f"per-head key or value is {per_head} per token: keep no k_nope, v or scores on the layer between calls")
+    kept = kept_after_forward(impl, gen, absorb)
+    if kept is not None:  # under the sandbox: the worker's live memory, read from outside it
+        growth, case, per_head_kv = kept
+        assert growth <= KEPT_MARGIN, (
+            f"the process keeps a per-head, per-token tensor after forward (absorb={absorb}, {case}): its live memory "
+            f"(read outside it, after a garbage collection) grew by {growth / MiB:.1f} MiB over one cached forward "
+            f"whose cache was allocated before (the bound is {KEPT_MARGIN / MiB:.0f} MiB of allocator noise); the "
+            f"call's per-head k_nope and v are {per_head_kv / MiB:.0f} MiB: keep none of them between calls, not on "
+            "the layer, not in a module-level name, not anywhere")
+
+
+KEPT_MARGIN = 6 * MiB  # allocator noise over one forward (measured on the reference: 1.9 MiB naive, 0.0 absorbed)
+
+
+def kept_after_forward(impl, gen, absorb):
+    """Under the sandbox (else None): how much the worker's live memory grows over one cached
+    forward of B=4, L=320 tokens on the ``big`` config (H=32, qk_nope = v = 64: its per-head
+    k_nope and v are 20 MiB; the latent cache, allocated before, 0.5 MiB), its output checked;
+    a warm-up forward first, on another cache."""
+    layer, W = make_layer(impl, gen, "big")
+    if resident_bytes(layer) is None:
+        return None
+    B, L, cfg = 4, 320, BIG
+    with torch.no_grad():
+        warm = impl.MLACache(B, 3, impl.MLAConfig(**cfg))
+        layer(randn((B, 3, cfg["d_model"]), gen), cache=warm, absorb=absorb)
+        cache = impl.MLACache(B, L, impl.MLAConfig(**cfg))
+        x = randn((B, L, cfg["d_model"]), gen)
+        before = resident_bytes(layer)
+        out = layer(x, cache=cache, absorb=absorb)
+        growth = resident_bytes(layer) - before
+    case = f"B={B}, L={L}, n_heads={cfg['n_heads']}, qk_nope=v={cfg['v_head_dim']}"
+    checked(out, oracle(W, cfg, x, case, "cached outputs differ", [L], atol=1e-4), prop="the live-memory bound")
+    return growth, case, B * L * cfg["n_heads"] * (cfg["qk_nope_head_dim"] + cfg["v_head_dim"]) * 4
 
 
 # --- Part C: the absorbed path ---------------------------------------------------------------

@@ -126,6 +126,8 @@ def _events(raw) -> list[dict]:
                 ev[key] = e[key]
         if isinstance(e.get("async_op"), bool):
             ev["async_op"] = e["async_op"]
+        if isinstance(e.get("sum"), float):
+            ev["sum"] = e["sum"]
         out.append(ev)
     return out[:10_000]
 

@@ -87,7 +87,8 @@ class Step:
     """What :meth:`RankProxy.backward` saw: ``grads`` and ``params`` (name to tensor, of the
     model after backward and after the step), ``comm`` (the counter's report), ``events``
     (its ordered log: ``ready`` (a gradient accumulated, ``p`` its name), ``launch`` (a
-    collective: ``op``, ``numel``, ``dtype``, ``async_op``), ``send``/``recv``, ``wait``
+    collective: ``op``, ``numel``, ``dtype``, ``async_op``, and for a floating CPU tensor ``sum``:
+    its float64 sum as launched), ``send``/``recv``, ``wait``
     (``Work.wait``/``Future.wait``), ``c10d`` (a collective dispatcher op: ``op``, ``numel``
     (the elements of its first argument), and for an all-to-all ``sent``: the elements it sends
     to the other ranks, its own split left out (``harness.alloc.c10d_sent_elements``); however

@@ -94,9 +94,11 @@ def _hook(name: str, original, method: bool):
             label = _PG_METHODS.get(name, name) if method else name
             c.collectives[label] = c.collectives.get(label, 0) + 1
             tensor = next((y for y in flat(list(args) + list(k.values())) if isinstance(y, torch.Tensor)), None)
+            extra = {"sum": float(tensor.detach().double().sum())} if tensor is not None and \
+                tensor.is_floating_point() and tensor.device.type == "cpu" else {}  # no GPU sync
             c.event("launch", op=label, numel=max([_numel_list(x) for x in list(args) + list(k.values())] or [0]),
                     dtype=str(tensor.dtype).removeprefix("torch.") if tensor is not None else None,
-                    async_op=bool(k.get("async_op", False)) or method)
+                    async_op=bool(k.get("async_op", False)) or method, **extra)
             c.collective_elems += max([_numel_list(x) for x in list(args) + list(k.values())] or [0])
             if label in c.forbid:
                 c.forbidden.append(label)
