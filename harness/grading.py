@@ -295,8 +295,11 @@ def score(raw: dict, lab: Lab, note: str = "", partial: bool = False) -> list[Te
             threshold = lab.perf.get(p["name"])
             if t["perf"] and threshold is not None and outcome == "passed":
                 frac *= threshold.credit(p["ratio"])
-                message = (f"{p['name']}: {p['ratio']:.3f}x {threshold.baseline} time; full credit at "
-                           f"<= {threshold.full_credit}x, none at >= {threshold.zero_credit}x")
+                lo, hi = p.get("ratio_lo"), p.get("ratio_hi")
+                interval = f" (interval {lo:.3f}-{hi:.3f})" if isinstance(lo, float) and isinstance(hi, float) else ""
+                message = (f"{p['name']}: {p['ratio']:.3f}x {threshold.baseline} time{interval}; full credit at "
+                           f"<= {threshold.full_credit}x, none at >= {threshold.zero_credit}x, "
+                           f"{threshold.bands} equal bands between, each worth the credit at its middle")
         out.append(TestResult(name=t["name"], nodeid=t["nodeid"], part=t["part"], max_score=max_score,
                               score=max_score * frac, outcome=outcome, output=message,
                               duration_s=t["duration"], tags=tags, perf=t["perf"], bonus=bonus,

@@ -329,6 +329,10 @@ def export_course(course: Course, dest: Path, labs: list[Lab] | None = None) -> 
             notes.append(f"removed {stale.relative_to(dest)} (the reference, written by running the source "
                          f"notebook); nbgrader_config.py makes nbgrader ignore it")
         (nb_dir / f"{assignment_name(lab)}.ipynb").write_text(json.dumps(lab_notebook(course, lab), indent=1) + "\n")
+        for data in sorted(d for d in paths.folder.iterdir() if d.is_dir() and not d.name.startswith((".", "__"))):
+            # what the lab ships beside its module (labs/16/data/): next to the notebook, where the
+            # module the notebook writes finds it, and released with it by nbgrader
+            shutil.copytree(data, nb_dir / data.name, ignore=ignore, dirs_exist_ok=True)
     config = dest / "nbgrader_config.py"
     text = config.read_text() if config.exists() else ""
     if "ClearSolutions.code_stub" in text:

@@ -109,8 +109,16 @@ def test_export_real_course_notebooks_configs_and_hidden_graders(tmp_path):
         assert "sandboxed grader" in src(c[f"{name}-intro"])
         graders = sorted(p.name for p in (ROOT / "graders" / lab.number).glob("*.py"))
         assert sorted(p.name for p in (nb_root / "labs_course/graders" / lab.number).glob("*.py")) == graders
-    # nothing that nbgrader copies to students holds a grader or a reference
-    assert sorted(p.name for p in (nb_root / "source").rglob("*") if p.is_file()) == [f"{n}.ipynb" for n in exported]
+    # nothing that nbgrader copies to students holds a grader or a reference: the notebooks, and the data a
+    # lab ships beside its module (labs/16/data/), next to its notebook
+    shipped = {f"{assignment}/{p.relative_to(ROOT / 'labs' / n).as_posix()}" for n, assignment in
+               ((lab.number, nbgrader_export.assignment_name(lab)) for lab in course.labs.values())
+               for d in (ROOT / "labs" / n).iterdir() if d.is_dir() and not d.name.startswith((".", "__"))
+               for p in d.rglob("*") if p.is_file()}
+    assert "lab16/data/chinchilla_svg_extracted.csv" in shipped
+    assert sorted(p.relative_to(nb_root / "source").as_posix() for p in (nb_root / "source").rglob("*")
+                  if p.is_file()) == sorted([f"{n}/{n}.ipynb" for n in exported] + [s for s in shipped
+                                                                                  if s.split("/")[0] in exported])
     assert not (nb_root / "labs_course/solutions").exists()
 
 

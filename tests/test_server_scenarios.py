@@ -96,9 +96,13 @@ def _descendants(pid: int) -> list[int]:
 
 
 def _grader_of(pid: int) -> int | None:
-    """The grader run (pytest on the graders) below ``pid``, if it is grading now."""
+    """The grader run below ``pid``, if it is grading now: a run the warm grader forked (a
+    child of ``harness.forkserver`` with its command line), or pytest on the graders
+    (``LABS_FORKSERVER=0``)."""
     for d in _descendants(pid):
-        if _alive(d) and "-m pytest" in _cmdline(d) and "--labs-results" in _cmdline(d):
+        cmd = _cmdline(d)
+        forked = "harness.forkserver" in cmd and "harness.forkserver" in _cmdline(_ppid(d))
+        if _alive(d) and (forked or ("-m pytest" in cmd and "--labs-results" in cmd)):
             return d
     return None
 
