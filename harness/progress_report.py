@@ -71,6 +71,8 @@ def summarize(course, path: Path | None = None, lab: str | None = None) -> dict:
                  "parts": [{"part": p, "title": ps.title, "points": ps.points, **_status(lab_runs, p, ps.points)}
                            for p, ps in spec.parts.items()],
                  "history": [{"kind": r["kind"], "at": r["started"], "passed": r["passed"], "total": r["total"],
+                              # the tests that ran (not -k-deselected, skipped or never reached): what it measured
+                              "ran": sum(t["outcome"] in ("passed", "failed", "error") for t in r["tests"]),
                               "score": r["score"], "max_score": r["max_score"],
                               "perf": _best_perf(r["perf"])} for r in lab_runs]}
         labs.append(entry)
@@ -110,6 +112,17 @@ def table_rows(summary: dict, short: bool = False) -> list[tuple[bool, list[str]
 
 # --- the HTML report -------------------------------------------------------------
 
+def score_series(hist: list[dict]) -> tuple[list[tuple[int, float]], list[tuple[int, float]]]:
+    """(attempt, % of points) of the visible runs and of the grades in ``hist``. A visible
+    run's % is of the tests it ran (a ``-k`` run measured only those; skipped and
+    never-reached tests measured nothing): a run that ran none is left out, not a 0."""
+    x = range(1, len(hist) + 1)
+    vis = [(i, 100 * h["passed"] / h["ran"]) for i, h in zip(x, hist) if h["kind"] == "visible" and h.get("ran")]
+    grd = [(i, 100 * h["score"] / h["max_score"]) for i, h in zip(x, hist)
+           if h["kind"] == "grade" and h["max_score"]]
+    return vis, grd
+
+
 def _plot_svg(lab: dict, perf_specs: dict) -> str:
     """Score (% of points) and perf ratio over attempts for one lab, as inline SVG."""
     import matplotlib
@@ -118,33 +131,33 @@ def _plot_svg(lab: dict, perf_specs: dict) -> str:
 
     hist = lab["history"]
     x = list(range(1, len(hist) + 1))
-    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(10, 3.2), sharex=True)
-    vis = [(i, 100 * h["passed"] / h["total"]) for i, h in zip(x, hist) if h["kind"] == "visible" and h["total"]]
-    grd = [(i, 100 * h["score"] / h["max_score"]) for i, h in zip(x, hist)
-           if h["kind"] == "grade" and h["max_score"]]
+    metrics = sorted({m for h in hist for m in h["perf"]})
+    # the perf panel only where some run timed something: an empty chart says nothing
+    fig, axes = plt.subplots(1, 2 if metrics else 1, figsize=(10 if metrics else 5.5, 3.2), sharex=True,
+                             squeeze=False)
+    ax1 = axes[0][0]
+    vis, grd = score_series(hist)
     if vis:
-        ax1.plot(*zip(*vis), "o-", color="#4c78a8", label="visible tests passed")
+        ax1.plot(*zip(*vis), "o-", color="#4c78a8", label="visible tests passed (of those run)")
     if grd:
         ax1.plot(*zip(*grd), "s-", color="#e45756", label="hidden-grade score")
     ax1.set(title=f"Lab {lab['lab']}: score over attempts", xlabel="attempt", ylabel="% of points", ylim=(-5, 105))
     ax1.grid(alpha=0.3)
     if vis or grd:
         ax1.legend(loc="lower right", fontsize=8)
-    metrics = sorted({m for h in hist for m in h["perf"]})
-    for m in metrics:
-        pts = [(i, h["perf"][m]) for i, h in zip(x, hist) if m in h["perf"]]
-        ax2.plot(*zip(*pts), "o-", label=m)
-        spec = perf_specs.get(m)
-        if spec is not None:
-            ax2.axhline(spec.full_credit, color="green", ls="--", lw=1, label=f"full credit ≤ {spec.full_credit:g}")
-            ax2.axhline(spec.zero_credit, color="red", ls=":", lw=1, label=f"no credit ≥ {spec.zero_credit:g}")
-    ax2.set(title="perf ratio over attempts (lower is better)", xlabel="attempt", ylabel="your time / baseline")
-    ax2.grid(alpha=0.3)
     if metrics:
+        ax2 = axes[0][1]
+        for m in metrics:
+            pts = [(i, h["perf"][m]) for i, h in zip(x, hist) if m in h["perf"]]
+            ax2.plot(*zip(*pts), "o-", label=m)
+            spec = perf_specs.get(m)
+            if spec is not None:
+                ax2.axhline(spec.full_credit, color="green", ls="--", lw=1, label=f"full credit ≤ {spec.full_credit:g}")
+                ax2.axhline(spec.zero_credit, color="red", ls=":", lw=1, label=f"no credit ≥ {spec.zero_credit:g}")
+        ax2.set(title="perf ratio over attempts (lower is better)", xlabel="attempt", ylabel="your time / baseline")
+        ax2.grid(alpha=0.3)
         ax2.legend(loc="upper right", fontsize=8)
-    else:
-        ax2.text(0.5, 0.5, "no perf figures recorded", ha="center", va="center", transform=ax2.transAxes)
-    for ax in (ax1, ax2):
+    for ax in axes[0]:
         ax.xaxis.get_major_locator().set_params(integer=True)
     fig.tight_layout()
     buf = io.StringIO()

@@ -360,3 +360,32 @@ def test_html_report_without_attempts_says_so(toy_course, tmp_path):
     assert r.exit_code == 0
     text = page.read_text()
     assert "No attempts recorded yet" in text and "<svg" not in text
+
+
+def test_plots_show_what_each_run_measured_and_leave_out_empty_panels(toy_course, tmp_path):
+    """Issue 33.6: a `-k` run (fewer tests), one whose tests were all skipped (no GPU) and
+    one stopped early are plotted as the share of the tests they ran, never as 0 %; the
+    perf panel is left out for a lab with no timed figure."""
+    from harness import manifest, progress_report
+
+    db = tmp_path / "p.db"
+    root, t0 = str(toy_course.resolve()), 1_750_000_000.0
+
+    def visible(at, outcomes):
+        tests = [progress.TestRecord(nodeid=f"labs/07/t.py::t{j}", name=f"t{j}", part="A", outcome=o)
+                 for j, o in enumerate(outcomes)]
+        return progress.RunRecord(course="Toy course", course_root=root, lab="07", kind="visible", started=at,
+                                  tests=tests)
+
+    progress.record_runs([visible(t0, ["passed", "failed", "failed", "failed"]),   # the full set: 25 %
+                          visible(t0 + 1, ["passed"]),                              # -k one test: 100 %
+                          visible(t0 + 2, ["skipped", "skipped"]),                   # -k gpu, no GPU: nothing ran
+                          visible(t0 + 3, ["passed", "passed", "failed", "not run"])], db)  # -x: 2 of 3 ran
+    (lab,) = progress_report.summarize(manifest.load(toy_course), db)["labs"]
+    vis, grd = progress_report.score_series(lab["history"])
+    assert vis == [(1, 25.0), (2, 100.0), (4, pytest.approx(200 / 3))] and grd == []
+    svg = progress_report._plot_svg(lab, {})
+    assert svg.count('<g id="axes_') == 1  # no perf figure recorded: no empty perf chart
+    seed_history(db, toy_course)
+    (lab,) = progress_report.summarize(manifest.load(toy_course), db)["labs"]
+    assert progress_report._plot_svg(lab, {}).count('<g id="axes_') == 2

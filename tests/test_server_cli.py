@@ -88,7 +88,12 @@ def test_a_student_submits_from_a_checkout_and_follows_it_to_the_graded_table(se
     assert p.returncode == 0, p.stderr
     assert f"lab 07 submission {sub_id}: done" in p.stdout
     assert "score 6.5 / 10 (8.5 runnable on cpu); ok" in p.stdout
-    assert "hidden test's result is shown per the course's policy" in p.stdout  # after_deadline, no deadline
+    out = " ".join(p.stdout.split())
+    assert "GPU tests not run yet: 1.5 points" in out  # a CPU runner: the GPU test is still to come, not a 0
+    # the course's actual policy, in one line: after_deadline, and lab 07 has no deadline
+    assert "shown after lab 07's deadline, and it has none set yet (hidden_results: after_deadline)" in out
+    p = labs(toy_course, "status", sub_id[:8], env=env)  # a unique prefix names it
+    assert p.returncode == 0 and f"submission {sub_id}: done" in p.stdout, p.stderr
     p = labs(toy_course, "status", sub_id, "--json", env=env)
     view = json.loads(p.stdout)
     assert view["result"]["parts"] == {"A": 4.5, "B": 2.0} and "tests" not in view["result"]

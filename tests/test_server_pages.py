@@ -461,3 +461,27 @@ def test_a_name_with_markup_is_text_on_every_page(world, browser):
         dom = browser.dom(page.as_uri())
         assert not dom.tags("script"), (who, path)  # nothing injected
         assert EVIL in dom.text, (who, path)        # the name itself, as text
+
+
+def test_staff_drill_into_a_lab_and_a_wrong_token_is_told_so(world, browser, tmp_path):
+    """Issue 33.5: /staff links each lab to /staff/labs/NN, each student's newest
+    submission (whole id, state, score); a sign-in with a wrong token shows the form
+    with an error. Issue 33.1: a CPU-graded result says its GPU points are not run yet."""
+    _, page = world.save("prof", "/staff")
+    assert "/staff/labs/07" in {a.get("href") for a in browser.dom(page.as_uri()).tags("a")}
+    _, page = world.save("prof", "/staff/labs/07")
+    dom = browser.dom(page.as_uri())
+    rows = {r[0]: dict(zip(dom.tables[0][0], r)) for r in dom.rows()}
+    assert set(rows) == {n for n in STUDENTS}, rows
+    for name, ids in world.subs.items():
+        assert rows[name]["Submission"] == ids[-1]  # the newest, whole
+    assert rows["bob"]["Score"] == "9 / 10" and rows["dave"]["State"].startswith("queued")
+    assert rows["alice"]["Status"].startswith("ok")
+    _, page = world.save("alice", f"/submissions/{world.subs['alice'][0]}")
+    assert "GPU tests not run yet: 1.5 points" in browser.dom(page.as_uri()).text  # 10 - 8.5 runnable
+    r = httpx.post(f"{world.base}/login", data={"token": "not-a-token"})
+    assert r.status_code == 401 and "labs_token" not in r.cookies
+    bad = tmp_path / "login-error.html"
+    bad.write_text(r.text, encoding="utf-8")
+    dom = browser.dom(bad.as_uri())
+    assert "That token is not valid" in dom.text and [i.get("name") for i in dom.tags("input")] == ["token"]

@@ -25,7 +25,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from .. import grading
-from ..errors import LabsError
+from ..errors import ExitCode, LabsError
 from .common import course_of
 
 RESTART_DELAY_S = 2.0    # a dead worker is started again after this, doubling while it keeps dying
@@ -98,16 +98,9 @@ def runner_group(ctx, broker, server, token_file, gpus, gpu_model, lease_s, sand
         raise LabsError(f"--lease {lease_s:g}: give 0 < seconds <= 3600", hint="the default is 60")
     gpus = gpus or _default_gpus()
     try:
-        slots = _runner.slots(gpus)
+        slots = _runner.check_gpus(gpus)
     except ValueError as e:
-        raise LabsError(str(e), hint="--gpus 0,1 (GPU indices) or --gpus cpu:2") from None
-    if not gpus.startswith("cpu:"):
-        import torch
-        have = torch.cuda.device_count() if torch.cuda.is_available() else 0
-        bad = [env["CUDA_VISIBLE_DEVICES"] for _, env in slots if int(env["CUDA_VISIBLE_DEVICES"]) >= have]
-        if bad:
-            raise LabsError(f"--gpus {gpus}: this host has {have} GPU(s), no GPU {', '.join(bad)}",
-                            hint="`labs runner doctor` shows what is here; --gpus cpu:N grades without a GPU")
+        raise LabsError(str(e), code=ExitCode.USAGE) from None
     pool.check_server(server, token)
     pool.publisher(broker, gpu_model)  # the broker answers, and both queues exist before any worker
     info = _runner.doctor(course)

@@ -105,32 +105,40 @@ def roster_import(ctx, csv_path, db, tokens_out):
     stored hashed: the tokens are written once, to --tokens, for you to send out."""
     from ..server import service
     course = course_of(ctx)
-    with csv_path.open(newline="") as f:
-        rows = list(csv.DictReader(f))
+    try:
+        with csv_path.open(newline="", encoding="utf-8-sig") as f:  # Excel's BOM and CRLF line ends too
+            rows = list(csv.DictReader(f))
+    except (UnicodeDecodeError, csv.Error) as e:
+        raise LabsError(f"{csv_path}: not a UTF-8 CSV file ({e})", hint="save it as CSV UTF-8",
+                        code=ExitCode.USAGE) from None
     if not rows or not ({"name", "student"} & set(rows[0])):
         raise LabsError(f"{csv_path}: needs a header row with a 'name' column", code=ExitCode.USAGE)
     out = course.staff_output(tokens_out, f"tokens-{time.strftime('%Y%m%d-%H%M%S')}.csv", "--tokens")
+
+    def write_tokens(got):  # before the accounts are committed: no account without its token written out
+        with files.atomic_open(out, newline="") as f:
+            w = csv.writer(f)
+            w.writerow(["name", "token"])
+            w.writerows((n, tok) for n, tok in got if tok)
+
     with _sessions(course, db)() as s:
         try:
-            got = service.import_roster(s, rows, _secret(course), now=time.time())
+            got = service.import_roster(s, rows, _secret(course), now=time.time(), before_commit=write_tokens)
         except ValueError as e:
-            raise LabsError(f"{csv_path}: {e}", code=ExitCode.USAGE) from None
+            raise LabsError(f"{csv_path}: {e}", hint="fix that row and import again", code=ExitCode.USAGE) from None
     new = [(n, t) for n, t in got if t]
-    with files.atomic_open(out, newline="") as f:
-        w = csv.writer(f)
-        w.writerow(["name", "token"])
-        w.writerows(new)
     click.echo(f"{len(new)} new account(s), {len(got) - len(new)} existed (tokens unchanged); tokens in {out}")
 
 
 @click.group("account")
 def account_group():
-    """Single accounts: staff members and runner hosts."""
+    """Single accounts: staff members, runner hosts, the Gradescope bridge; new tokens."""
 
 
 @account_group.command("add")
 @click.argument("name")
-@click.option("--role", type=click.Choice(["student", "staff", "runner"]), required=True)
+@click.option("--role", type=click.Choice(["student", "staff", "runner", "bridge"]), required=True,
+              help="bridge: the Gradescope autograder's course-level token (labs gradescope build --server-token)")
 @click.option("--db", default=None, help=DB_HELP)
 @click.pass_context
 def account_add(ctx, name, role, db):
@@ -142,6 +150,22 @@ def account_add(ctx, name, role, db):
             token = service.add_account(s, name, role, _secret(course), now=time.time())
         except (ValueError, service.Rejected) as e:
             raise LabsError(str(e), code=ExitCode.USAGE) from None
+    click.echo(token)
+
+
+@account_group.command("token")
+@click.argument("name")
+@click.option("--db", default=None, help=DB_HELP)
+@click.pass_context
+def account_token(ctx, name, db):
+    """Issue NAME a new token and print it (shown once): the old token stops working."""
+    from ..server import service
+    course = course_of(ctx)
+    with _sessions(course, db)() as s:
+        try:
+            token = service.reissue_token(s, name)
+        except service.Rejected as e:
+            raise LabsError(str(e), hint="`labs account add NAME --role ...` makes one", code=ExitCode.USAGE) from None
     click.echo(token)
 
 
@@ -198,6 +222,9 @@ def leaderboard_show(ctx, lab_number, gpu_model, db):
     from ..server import service
     course = course_of(ctx)
     lab = course.lab(lab_number)
+    if not lab.perf:
+        click.echo(f"lab {lab.number} has no timed test: it has no leaderboard")
+        return
     with _sessions(course, db)() as s:
         rows = service.leaderboard(s, lab.number, gpu_model, staff=True)
     t = Table(title=f"Lab {lab.number} leaderboard")

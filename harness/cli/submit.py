@@ -66,9 +66,12 @@ def _request(method: str, server: str, token: str, path: str, **kw) -> httpx.Res
 @click.option("--token", required=True, help="your token")
 def login_command(server, token):
     """Save the course server and your token for `labs submit` and `labs status`."""
-    _request("GET", server.rstrip("/"), token, "/api/submissions")  # a wrong token fails here, not later
-    files.write_json(CONFIG, {"server": server.rstrip("/"), "token": token})
-    click.echo(f"saved to {CONFIG}")
+    server, token = server.strip().rstrip("/"), token.strip()  # a pasted token often carries a newline
+    if not token or any(c.isspace() for c in token):
+        raise ServerError("--token: a token is one word without spaces", hint="paste the token from your roster e-mail")
+    _request("GET", server, token, "/api/submissions")  # a wrong token fails here, not later
+    files.write_json(CONFIG, {"server": server, "token": token})
+    click.echo(f"signed in to {server}; saved to {CONFIG}")
 
 
 @click.command("submit")
@@ -115,7 +118,8 @@ def status_command(sub_id, lab_number, wait, server, token, as_json):
             click.echo(json.dumps(subs, indent=2))
             return
         t = Table(title="Your submissions")
-        for col in ("id", "lab", "state", "score", "status"):
+        t.add_column("id", no_wrap=True, overflow="ignore", min_width=32)  # whole: `labs status ID` takes it
+        for col in ("lab", "state", "score", "status"):
             t.add_column(col)
         for s in subs:
             res = s.get("result") or {}
@@ -151,6 +155,9 @@ def _print(sub: dict) -> None:
         return
     c.print(escape(f"score {res['score']:.4g} / {res['max_score']:.4g} ({res['max_score_runnable']:.4g} runnable "
                    f"on {res['gpu_model']}); {res['status']}"))
+    if res.get("not_run_points"):
+        c.print(escape(f"GPU tests not run yet: {res['not_run_points']:.4g} points (graded without a GPU: "
+                       "not a 0, they count once a GPU runner grades them)"))
     parts = Table(title="Parts")
     parts.add_column("part")
     parts.add_column("points")
@@ -165,7 +172,7 @@ def _print(sub: dict) -> None:
             t.add_row(escape(x["name"]), f"{x['score']:.4g} / {x['max_score']:.4g}", escape((x.get("output") or "")[:300]))
         c.print(t)
     else:
-        c.print("each hidden test's result is shown per the course's policy (after the deadline, or never)")
+        c.print(escape(sub.get("policy") or "each hidden test's result is shown per the course's policy"))
 
 
 COMMANDS = [login_command, submit_command, status_command]

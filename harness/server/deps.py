@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import Annotated, Callable, Iterator
 
 from fastapi import Depends, Request
+from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 
 from ..manifest import Course
@@ -93,6 +94,14 @@ def own(s: Session, who: Account, sub_id: str) -> Submission:
     """Submission ``sub_id`` if ``who`` may read it (theirs, or any for staff); else
     Rejected(404), the same answer as for one that does not exist."""
     sub = s.get(Submission, sub_id)
+    if sub is None and 4 <= len(sub_id) < 32 and all(c in "0123456789abcdef" for c in sub_id):
+        q = select(Submission).where(Submission.id.startswith(sub_id)).limit(2)  # a unique prefix of an id
+        if who.role != "staff":
+            q = q.where(Submission.account_id == who.id)
+        found = s.scalars(q).all()
+        if len(found) > 1:
+            raise Rejected(409, f"submission prefix {sub_id!r} names more than one of yours: give more of the id")
+        sub = found[0] if found else None
     if sub is None or (who.role != "staff" and sub.account_id != who.id):
         raise Rejected(404, f"no submission {sub_id!r} of yours")
     return sub

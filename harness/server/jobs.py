@@ -68,6 +68,15 @@ def grade_job(course: Course, lab_number: str, module: bytes, *, sandbox: str | 
     return graded
 
 
+def gpu_tests_skipped(graded: Graded) -> int:
+    """How many GPU tests of ``graded`` were skipped because no CUDA device was visible at
+    all (``plugin.GPU_SKIP_REASON``; a test skipped for another reason, such as needing more
+    GPUs than the host has, does not count)."""
+    from ..plugin import GPU_SKIP_REASON
+    tests = graded.result.tests if graded.result else []
+    return sum(t.outcome == "skipped" and "gpu" in t.tags and GPU_SKIP_REASON in t.output for t in tests)
+
+
 class Heartbeat(threading.Thread):
     """Calls ``renew()`` every ``period_s`` while a job is graded; ``lost`` is set when a
     renewal says the lease is no longer ours (the job was reaped and given to another)."""
@@ -110,6 +119,10 @@ def work(jobs: Jobs, job: Claimed, course: Course, host: dict, *, sandbox: str |
         except Exception as e:  # noqa: BLE001 - see the docstring
             graded, failure = None, describe(e)
     lost = beat.lost.is_set()
+    if graded is not None and host.get("gpu_model", "cpu") != "cpu" and gpu_tests_skipped(graded):
+        # a GPU runner whose GPU disappeared: an infrastructure failure, never a score without the GPU points
+        graded, failure = None, (f"the GPU of {host.get('host', 'this runner')} ({host['gpu_model']}) disappeared: "
+                                 f"{gpu_tests_skipped(graded)} GPU test(s) could not run")
     if graded is None:
         return Done(None, failure, state=jobs.fail(job.job_id, failure), lease_lost=lost)
     stored = jobs.complete(job.job_id, service.Outcome(graded, host, host["gpu_model"]))

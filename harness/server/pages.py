@@ -40,8 +40,8 @@ def message(course: Course, text: str) -> str:
     return _page("message.html", course, text=text)
 
 
-def login(course: Course) -> str:
-    return _page("login.html", course, staff_link=False)
+def login(course: Course, error: str = "") -> str:
+    return _page("login.html", course, staff_link=False, error=error)
 
 
 def student(course: Course, who, submissions: list[dict]) -> str:
@@ -55,6 +55,10 @@ def submission(course: Course, view: dict, *, staff: bool = True) -> str:
 
 def staff(course: Course, labs: list[dict], runners: list[dict]) -> str:
     return _page("staff.html", course, labs=labs, runners=runners)
+
+
+def staff_lab(course: Course, lab: Lab, submissions: list[dict]) -> str:
+    return _page("staff_lab.html", course, lab=lab, submissions=submissions)
 
 
 def leaderboard(course: Course, lab: Lab, rows: list[dict], *, staff: bool) -> str:

@@ -146,11 +146,25 @@ def slots(spec: str) -> list[tuple[str, dict]]:
     return [(f"gpu{i}", {"CUDA_VISIBLE_DEVICES": i}) for i in ids]
 
 
+def check_gpus(spec: str) -> list[tuple[str, dict]]:
+    """``slots(spec)``, after checking that every GPU it names is on this host: a server
+    or runner never grades on a device it does not have. Raises ValueError naming the
+    device and what ``torch.cuda.device_count()`` says."""
+    got = slots(spec)
+    have = torch.cuda.device_count()
+    missing = [env["CUDA_VISIBLE_DEVICES"] for _, env in got
+               if env["CUDA_VISIBLE_DEVICES"] and int(env["CUDA_VISIBLE_DEVICES"]) >= have]
+    if missing:
+        raise ValueError(f"--gpus {spec}: no GPU {', '.join(missing)} on this host "
+                         f"(torch.cuda.device_count() is {have}); --gpus cpu:N grades without a GPU")
+    return got
+
+
 def start_dispatchers(url: str, course_root: Path, spec: str, *, lease_s: float = service.LEASE_S,
                       sandbox: str | None = None) -> list[subprocess.Popen]:
     """Start one dispatcher process per slot of ``spec`` (see ``slots``)."""
     procs = []
-    for name, env in slots(spec):
+    for name, env in check_gpus(spec):
         cmd = [os.sys.executable, "-m", "harness.server.runner", "--db", url, "--course", str(course_root),
                "--owner", f"{socket.gethostname()}-{os.getpid()}-{name}", "--lease", str(lease_s)]
         if sandbox:

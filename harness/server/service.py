@@ -69,38 +69,78 @@ def new_token() -> str:
     return secrets.token_urlsafe(32)
 
 
-def add_account(s: Session, name: str, role: str, secret: bytes, *, email: str = "", now: float) -> str:
-    """Create account ``name`` with a fresh token and return the token (shown once; only
-    its hash is stored). Raises Rejected(409) when the name exists, ValueError for a role
-    not in ``ROLES``."""
+def _new_account(s: Session, name: str, role: str, secret: bytes, *, email: str = "", now: float) -> str:
+    """Add (not commit) account ``name`` after checking it; return its token. Raises
+    ValueError for a bad role or name, Rejected(409) when the name exists."""
     if role not in ROLES:
         raise ValueError(f"role must be one of {', '.join(ROLES)}, got {role!r}")
     if not name or len(name) > 200:
         raise ValueError(f"name must be 1 to 200 characters, got {name!r}")
     if s.scalar(select(Account).where(Account.name == name)):
-        raise Rejected(409, f"account {name!r} exists")
+        raise Rejected(409, f"account {name!r} exists (`labs account token {name}` issues a new token)")
     token = new_token()
     s.add(Account(name=name, email=email, role=role, token_hash=hash_token(token),
                   pseudonym=pseudonym(secret, name), created_at=now))
+    return token
+
+
+def add_account(s: Session, name: str, role: str, secret: bytes, *, email: str = "", now: float) -> str:
+    """Create account ``name`` with a fresh token and return the token (shown once; only
+    its hash is stored). Raises Rejected(409) when the name exists, ValueError for a role
+    not in ``ROLES``."""
+    token = _new_account(s, name, role, secret, email=email, now=now)
     s.commit()
     return token
 
 
-def import_roster(s: Session, rows: list[dict], secret: bytes, *, now: float) -> list[tuple[str, str | None]]:
+def reissue_token(s: Session, name: str) -> str:
+    """A new token for account ``name`` (the old one stops working at once); returned
+    once, only its hash is stored. Raises Rejected(404) for no such account."""
+    account = s.scalar(select(Account).where(Account.name == name))
+    if account is None:
+        raise Rejected(404, f"no account {name!r}")
+    token = new_token()
+    account.token_hash = hash_token(token)
+    s.commit()
+    return token
+
+
+def import_roster(s: Session, rows: list[dict], secret: bytes, *, now: float,
+                  before_commit=None) -> list[tuple[str, str | None]]:
     """Add every roster row (``name``, optional ``email``, ``role`` default student) that
     is not an account yet; return (name, token) per row, token None for names that
-    existed (their tokens are unchanged: a re-import is safe)."""
-    out = []
-    for i, row in enumerate(rows, 1):
+    existed (their tokens are unchanged: a re-import is safe). All or nothing: every row
+    is checked before any account is written, and all are written in one transaction.
+    ``before_commit(got)`` (writing the tokens out) runs before the commit: if it raises,
+    nothing is imported. Raises ValueError naming the first bad row (line 2 is the first
+    under the header)."""
+    out, seen = [], set()
+    for line, row in enumerate(rows, 2):
         name = (row.get("name") or row.get("student") or "").strip()
+        role = (row.get("role") or "student").strip()
+        where = f"row {line} ({', '.join(f'{k}={v!r}' for k, v in row.items() if k)})"
         if not name:
-            raise ValueError(f"roster row {i} has no name: {row}")
-        if s.scalar(select(Account).where(Account.name == name)):
-            out.append((name, None))
-            continue
-        out.append((name, add_account(s, name, (row.get("role") or "student").strip(), secret,
-                                      email=(row.get("email") or "").strip(), now=now)))
-    return out
+            raise ValueError(f"{where}: no name; nothing was imported")
+        if role not in ROLES:
+            raise ValueError(f"{where}: role must be one of {', '.join(ROLES)}, got {role!r}; nothing was imported")
+        if name in seen:
+            raise ValueError(f"{where}: {name!r} is on the roster twice; nothing was imported")
+        seen.add(name)
+        out.append((name, role, (row.get("email") or "").strip()))
+    got = []
+    try:
+        for name, role, email in out:
+            if s.scalar(select(Account).where(Account.name == name)):
+                got.append((name, None))
+            else:
+                got.append((name, _new_account(s, name, role, secret, email=email, now=now)))
+        if before_commit is not None:
+            before_commit(got)
+        s.commit()
+    except BaseException:
+        s.rollback()
+        raise
+    return got
 
 
 def authenticate(s: Session, token: str | None, roles: tuple[str, ...] = ROLES) -> Account:
@@ -425,6 +465,25 @@ def hidden_visible(course: Course, lab: Lab, account: Account, now: float) -> bo
     return lab.deadline is not None and now >= lab.deadline.timestamp()
 
 
+def policy_line(course: Course, lab: Lab, account: Account, now: float) -> str:
+    """The course's policy on hidden tests' names and messages, for ``account``, in one line."""
+    policy = course.submissions.hidden_results
+    if account.role == "staff":
+        return "staff see every test's name and message"
+    if policy == "always":
+        return "every test's name and message is shown (hidden_results: always)"
+    if policy == "never":
+        return "hidden tests' names and messages are never shown in this course (hidden_results: never); " \
+               "the score and part subtotals are"
+    if lab.deadline is None:
+        return (f"hidden tests' names and messages are shown after lab {lab.number}'s deadline, and it has none set "
+                f"yet (hidden_results: after_deadline); the score and part subtotals are shown now")
+    when = lab.deadline.isoformat()
+    if now >= lab.deadline.timestamp():
+        return f"hidden tests' names and messages are shown: lab {lab.number}'s deadline ({when}) has passed"
+    return f"hidden tests' names and messages are shown after lab {lab.number}'s deadline, {when}"
+
+
 def results_json(course: Course, result: Result) -> dict:
     """Gradescope's ``results.json`` of a stored result (an export of its record: what
     the Gradescope bridge hands back), with the score stored: after the late penalty
@@ -446,7 +505,10 @@ def result_view(course: Course, result: Result, show_tests: bool) -> dict:
             "status": result.status, "kind": result.kind, "gpu_model": result.gpu_model,
             "perf_ratio": result.perf_ratio, "graded_at": result.graded_at, "duration_s": result.duration_s,
             "parts": records.part_scores(data), "output": data.get("output", ""),
-            "late_days": data.get("extra_data", {}).get("late_days", 0)}
+            "late_days": data.get("extra_data", {}).get("late_days", 0),
+            # GPU tests a CPU-only runner could not run: not a 0, "not run yet" (a GPU runner grades them)
+            "not_run_points": round(sum((t.get("extra_data") or {}).get("not_run_points", 0.0)
+                                        for t in data.get("tests", [])), 4)}
     if show_tests:
         view["tests"] = [{k: t.get(k) for k in ("name", "score", "max_score", "status", "output")}
                          for t in data.get("tests", [])]
@@ -463,7 +525,17 @@ def submission_view(s: Session, course: Course, sub: Submission, viewer: Account
             "error": job.error if job.state == "failed" else ""}
     if done:
         view["result"] = result_view(course, done[-1].result, hidden_visible(course, lab, viewer, now))
+        view["policy"] = policy_line(course, lab, viewer, now)
     return view
+
+
+def lab_submissions(s: Session, course: Course, lab: str, viewer: Account, now: float) -> list[dict]:
+    """Staff: each student's newest submission of ``lab`` (graded or not), sorted by name."""
+    newest: dict[int, Submission] = {}
+    for sub in s.scalars(select(Submission).where(Submission.lab == lab).order_by(Submission.created_at)):
+        newest[sub.account_id] = sub
+    views = [submission_view(s, course, sub, viewer, now) for sub in newest.values()]
+    return sorted(views, key=lambda v: v["student"])
 
 
 def leaderboard(s: Session, lab: str, gpu_model: str | None = None, *, staff: bool = False) -> list[dict]:

@@ -26,9 +26,16 @@ def login_form(course: CourseDep):
 
 
 @router.post("/login")
-def login(s: SessionDep, token: str = Form(...)):
-    """Check the token, set it as the login cookie, go to the caller's page."""
-    who = service.authenticate(s, token, ("student", "staff"))
+def login(course: CourseDep, s: SessionDep, token: str = Form(...)):
+    """Check the token, set it as the login cookie, go to the caller's page; a wrong
+    token gets the form again with the error (401)."""
+    token = token.strip()
+    try:
+        who = service.authenticate(s, token, ("student", "staff"))
+    except Rejected as e:
+        error = "That token is not valid: paste the whole token from your roster e-mail" if e.status == 401 \
+            else "This token is not a student's or staff member's: sign in with your own"
+        return HTMLResponse(pages.login(course, error=error), e.status)
     resp = RedirectResponse("/staff" if who.role == "staff" else "/me", 303)
     resp.set_cookie(COOKIE, token, httponly=True, samesite="strict")
     return resp
@@ -50,6 +57,14 @@ def submission_page(sub_id: str, course: CourseDep, s: SessionDep, who: Student,
 @router.get("/staff", response_class=HTMLResponse)
 def staff_page(course: CourseDep, s: SessionDep, _: Staff, now: Now):
     return pages.staff(course, service.overview(s, course, now), service.runner_health(s, now))
+
+
+@router.get("/staff/labs/{lab}", response_class=HTMLResponse)
+def staff_lab_page(lab: str, course: CourseDep, s: SessionDep, who: Staff, now: Now):
+    """Staff: each student's newest submission of ``lab``, with its state and result."""
+    if lab not in course.labs:
+        raise Rejected(404, f"no lab {lab!r}")
+    return pages.staff_lab(course, course.labs[lab], service.lab_submissions(s, course, lab, who, now))
 
 
 @router.get("/leaderboard/{lab}", response_class=HTMLResponse)
