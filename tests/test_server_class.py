@@ -105,12 +105,12 @@ def test_a_cpu_only_grade_shows_the_gpu_points_as_not_run_yet(server, monkeypatc
         service.complete(s, job_id, "r1", service.Outcome(_graded_with_gpu_test_skipped(), {}, "cpu"), srv.clock(),
                          srv.course)
     view = srv.client.get(f"/api/submissions/{sub_id}", headers=srv.h("alice")).json()
-    assert view["result"]["not_run_points"] == 2.0 and view["result"]["score"] == 4.0
+    assert view["result"]["not_run_points"] == 4.0 and view["result"]["score"] == 4.0  # both GPU tests
     submit._print(view)
     out = capsys.readouterr().out
-    assert "GPU tests not run yet: 2 points" in out
+    assert "GPU tests not run yet: 4 points" in out
     page = srv.client.get(f"/submissions/{sub_id}", headers=srv.h("alice")).text
-    assert "GPU tests not run yet: 2 points" in page
+    assert "GPU tests not run yet: 4 points" in page
 
 
 # --- 2. the roster: all or nothing, Excel's CSV, new tokens, a pasted token -----------------------
