@@ -18,6 +18,7 @@ from typing import Callable, Protocol
 from .. import grading
 from ..errors import InfraFailure
 from ..manifest import Course, LabPaths
+from ..plugin import GPU_SKIP_REASON
 from ..records import Graded
 from . import service
 
@@ -72,7 +73,6 @@ def gpu_tests_skipped(graded: Graded) -> int:
     """How many GPU tests of ``graded`` were skipped because no CUDA device was visible at
     all (``plugin.GPU_SKIP_REASON``; a test skipped for another reason, such as needing more
     GPUs than the host has, does not count)."""
-    from ..plugin import GPU_SKIP_REASON
     tests = graded.result.tests if graded.result else []
     return sum(t.outcome == "skipped" and "gpu" in t.tags and GPU_SKIP_REASON in t.output for t in tests)
 
