@@ -117,8 +117,9 @@ def student_pyproject(text: str) -> str:
     text = re.sub(r'^norecursedirs\s*=.*$', 'norecursedirs = [".venv"]', text, count=1, flags=re.M)
     text = re.sub(r'^(#[^\n]*\n)?nbgrader\s*=[^\n]*\n', '', text, flags=re.M)  # the extra and its comment
     text = re.sub(r'^(#[^\n]*\n)?server\s*=\s*\[(?:[^\n]*\n)*?[^\n]*\]\s*\n', '', text, flags=re.M)  # the server's extra
-    text = re.sub(r',\s*"harness\.server[\w.]*"', '', text)  # its packages (left out of a release)
-    text = re.sub(r'^"harness\.server[^\n]*\n', '', text, flags=re.M)  # and their package data
+    # the server's and the staff templates' packages (left out of a release), and their package data
+    text = re.sub(r',\s*"harness\.(?:server|templates)[\w.]*"', '', text)
+    text = re.sub(r'^"harness\.(?:server|templates)[^\n]*\n', '', text, flags=re.M)
     # the staff's layer contract (`lint-imports`): it names the staff modules a release leaves out
     text = re.sub(r'^(#[^\n]*\n)*\[\[?tool\.importlinter[^\n]*\n(?:(?!\[)[^\n]*(?:\n|$))*', '', text, flags=re.M)
     return re.sub(r'^\s*"docker:[^\n]*\n', '', text, flags=re.M)  # a marker of the framework's tests
