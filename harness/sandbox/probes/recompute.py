@@ -114,10 +114,11 @@ def _custom_nodes(root, limit=10_000):
     return found
 
 
-def _graph_saved(root, skip_ptrs, limit=10_000) -> tuple[int, list]:
+def _graph_saved(root, skip_ptrs, limit=10_000) -> tuple[int, list, set]:
     """Bytes of the distinct storages the graph behind ``root`` holds for backward, read from its
     nodes (``_saved_*`` attributes; a custom node's ``saved_tensors``), those in ``skip_ptrs``
-    left out, and a few descriptions: a count that no saved-tensors hook of the code can hide."""
+    left out, a few descriptions, and the storages' pointers: a count that no saved-tensors hook
+    of the code can hide."""
     seen_nodes, seen, stack, total, desc = set(), set(), [root], 0, []
     while stack and len(seen_nodes) < limit:
         node = stack.pop()
@@ -147,7 +148,7 @@ def _graph_saved(root, skip_ptrs, limit=10_000) -> tuple[int, list]:
                 if len(desc) < 5:
                     desc.append(f"{tuple(t.shape)} {str(t.dtype).removeprefix('torch.')} held by {type(node).__name__}")
         stack += [n for n, _ in getattr(node, "next_functions", ())]
-    return total, desc
+    return total, desc, seen
 
 
 def probe_recompute(module, target, args, kwargs, watch, grad_output, opts):
@@ -211,11 +212,13 @@ def probe_recompute(module, target, args, kwargs, watch, grad_output, opts):
             value["grad_fn"] = {"type": f"{type(gf).__module__}.{type(gf).__qualname__}" if gf is not None else "",
                                 "custom": isinstance(gf, _BackwardCFunction),
                                 "forward": f"{fwd.__module__}.{fwd.__qualname__}" if fwd is not None else ""}
+            saved_bytes, saved_desc, saved_ptrs = _graph_saved(gf, param_ptrs)
             kept, kept_bytes, kept_ptrs = [], 0, set()
             for node in _custom_nodes(gf):
-                for t in reachable_tensors(node):
+                for t in reachable_tensors(node):  # beside what the graph saved (counted there)
                     ptr = _ptr(t)
-                    if not t.is_floating_point() or ptr in arg_ptrs or ptr in param_ptrs or ptr in kept_ptrs:
+                    if not t.is_floating_point() or ptr in arg_ptrs or ptr in param_ptrs or ptr in kept_ptrs \
+                            or ptr in saved_ptrs:
                         continue
                     kept_ptrs.add(ptr)
                     kept_bytes += int(t.untyped_storage().nbytes())
@@ -225,7 +228,7 @@ def probe_recompute(module, target, args, kwargs, watch, grad_output, opts):
             value.update(kept=kept, kept_bytes=kept_bytes, functions=sorted(
                 {f"{c.__module__}.{c.__qualname__}" for c in (getattr(type(n), "_forward_cls", None)
                                                             for n in _custom_nodes(gf)) if c is not None}))
-            value["graph_saved_bytes"], value["graph_saved"] = _graph_saved(gf, param_ptrs)
+            value["graph_saved_bytes"], value["graph_saved"] = saved_bytes, saved_desc
             value["mid"] = torch.rand(int(opts.get("draws", 4)))
             _RECOMPUTE_PHASE[0] = "backward"
             try:
