@@ -261,7 +261,10 @@ def test_backstop_kills_a_container_that_outlives_its_limit(client, image, tmp_p
     assert time.monotonic() - t0 < 50 + 30
     assert "exceeded its 50 s limit and was stopped" in note
     tests = grading.score(raw, lab, note)
-    assert tests and all(t.outcome == "not run" for t in tests if not t.output.startswith("skipped"))
+    # the backstop stops the run; a test that began before it failed on the import's own time limit (the
+    # sleeper waits: the call watch gives up on it after call_timeout_s, which on a loaded box can come first)
+    assert tests and all(t.outcome == "not run" or t.impl_error == "timeout" for t in tests
+                         if not t.output.startswith("skipped"))
     assert not _left_behind(client, 7654321)
 
 
