@@ -10,8 +10,8 @@ Tensors, numbers, strings, None, dtypes, devices, tuples, lists and dicts travel
 value both ways (``harness.sandbox.wire``). Measurements are probe calls
 (``harness.sandbox.calls``, ``harness.sandbox.timing``).
 
-Worker life: a :class:`Worker` is one launcher process (``harness.sandbox.server``)
-holding ``servers`` request loops: one for a single-process lab, W for the ranks
+Worker life: a :class:`Worker` is one launcher process (``harness.sandbox.server``, forked
+from the warm ``harness.sandbox.zygote``) holding ``servers`` request loops: one for a single-process lab, W for the ranks
 of a multi-rank lab (``harness.sandbox.ranks``). A :class:`Sandbox` restarts its
 worker after a crash, an early exit (``os._exit``), a timeout or a kill; the test
 during which that happened fails with the reason and the tail of the worker's
