@@ -340,5 +340,37 @@ def gradebook_push(ctx, lab_number, gradebook, db):
 
 
 
+@click.command("similarity")
+@click.argument("submissions", type=click.Path(path_type=Path))
+@click.option("--lab", "lab_number", required=True, help="Lab number, e.g. 04.")
+@click.option("--out", "out_dir", type=click.Path(file_okay=False, path_type=Path), default=None,
+              help="where the report goes: OUT/similarity.html and OUT/similarity.csv "
+                   "(default: .labs-staff/similarity-labNN)")
+@click.option("--threshold", type=float, default=None,
+              help="flag pairs whose score (the larger share of matched code) is at least this (default 0.5)")
+@click.pass_context
+def similarity_command(ctx, submissions, lab_number, out_dir, threshold):
+    """Compare every pair of the lab's modules in SUBMISSIONS/ (grade-all's layout: one
+    folder or archive per student) with copydetect's winnowing fingerprints, the stub
+    and the handout's code snippets as boilerplate; write the ranked pairs with their
+    matched regions side by side (HTML) and a CSV. Staff only."""
+    from ..server import pages, similarity
+    course = course_of(ctx)
+    lab = course.lab(lab_number)
+    threshold = similarity.check_threshold(similarity.THRESHOLD if threshold is None else threshold)
+    sources, skipped = similarity.modules_in(submissions, lab)
+    report = similarity.compare(sources, similarity.boilerplate(course, lab), lab, threshold=threshold,
+                                skipped=skipped)
+    out = course.staff_output(out_dir, f"similarity-lab{lab.number}", "--out")
+    html, table = similarity.write(report, pages.similarity(course, report, standalone=True), out)
+    for who, why in sorted(skipped.items()):
+        click.echo(f"labs: note: {who} not compared: {why}", err=True)
+    click.echo(f"{len(sources)} module(s) of lab {lab.number}, {len(report.pairs)} pair(s), "
+               f"{len(report.flagged)} at or over {threshold:g}")
+    for p in report.pairs[:5]:
+        click.echo(f"  {p.score:.2f}  {p.a} / {p.b}" + ("  flagged" if p.score >= threshold else ""))
+    click.echo(f"report: {html}\ncsv: {table}")
+
+
 COMMANDS = [serve_command, roster_group, account_group, regrade_command, grant_command, leaderboard_group,
-            calibrate_command, gradebook_push]
+            calibrate_command, gradebook_push, similarity_command]

@@ -9,6 +9,7 @@ from jinja2 import Environment, PackageLoader, select_autoescape
 
 from ..manifest import Course, Lab
 from .service import utc
+from .similarity import views as similarity_views
 
 ENV = Environment(loader=PackageLoader("harness.server", "templates"), autoescape=select_autoescape(["html"]))
 ENV.filters["utc"] = utc
@@ -59,6 +60,16 @@ def staff(course: Course, labs: list[dict], runners: list[dict]) -> str:
 
 def staff_lab(course: Course, lab: Lab, submissions: list[dict]) -> str:
     return _page("staff_lab.html", course, lab=lab, submissions=submissions)
+
+
+def similarity(course: Course, report, *, standalone: bool = False) -> str:
+    """A ``similarity.Report`` as a staff page, or (``standalone``) as the self-contained
+    report file ``labs similarity`` writes."""
+    kw = dict(lab=report.lab, pairs=similarity_views(report), count=len(report.sources), skipped=report.skipped,
+              threshold=report.threshold, flagged=len(report.flagged))
+    if standalone:
+        return ENV.get_template("similarity_report.html").render(course=course, **kw)
+    return _page("similarity.html", course, **kw)
 
 
 def leaderboard(course: Course, lab: Lab, rows: list[dict], *, staff: bool) -> str:

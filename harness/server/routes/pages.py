@@ -7,7 +7,7 @@ from fastapi import APIRouter, Form
 from fastapi.responses import HTMLResponse, RedirectResponse
 from sqlalchemy import select
 
-from .. import pages, service
+from .. import pages, service, similarity
 from ..db import Submission
 from ..deps import COOKIE, CourseDep, Now, SessionDep, Staff, Student, own
 from ..service import Rejected
@@ -65,6 +65,18 @@ def staff_lab_page(lab: str, course: CourseDep, s: SessionDep, who: Staff, now: 
     if lab not in course.labs:
         raise Rejected(404, f"no lab {lab!r}")
     return pages.staff_lab(course, course.labs[lab], service.lab_submissions(s, course, lab, who, now))
+
+
+@router.get("/staff/labs/{lab}/similarity", response_class=HTMLResponse)
+def similarity_page(lab: str, course: CourseDep, s: SessionDep, _: Staff, threshold: float | None = None):
+    """Staff: the similarity report over each student's newest submission of ``lab``."""
+    if lab not in course.labs:
+        raise Rejected(404, f"no lab {lab!r}")
+    threshold = similarity.THRESHOLD if threshold is None else threshold
+    if not 0 < threshold <= 1:
+        raise Rejected(422, f"threshold {threshold!r} is not a share of matched code in (0, 1]")
+    return pages.similarity(course, similarity.compare(service.newest_modules(s, lab), similarity.boilerplate(
+        course, course.labs[lab]), course.labs[lab], threshold=threshold))
 
 
 @router.get("/leaderboard/{lab}", response_class=HTMLResponse)
