@@ -372,5 +372,39 @@ def similarity_command(ctx, submissions, lab_number, out_dir, threshold):
     click.echo(f"report: {html}\ncsv: {table}")
 
 
+@click.group("grades")
+def grades_group():
+    """Grades for the course's learning management system."""
+
+
+@grades_group.command("export")
+@click.option("--lab", "lab_number", required=True, help="Lab number, e.g. 04.")
+@click.option("--format", "fmt", required=True, help="canvas (Gradebook import CSV), moodle (grade import CSV) or csv")
+@click.option("--from", "from_dir", type=click.Path(path_type=Path), default=None,
+              help="a `labs grade-all` output folder (default: the course server's newest grades)")
+@click.option("--out", "out_path", type=click.Path(dir_okay=False, path_type=Path), default=None,
+              help="the file to write (default: .labs-staff/grades-labNN-FORMAT.csv)")
+@click.option("--assignment", default=None,
+              help="the LMS column or grade item (default: 'Lab NN: title'; Canvas: 'Name (id)' names an existing one)")
+@click.option("--db", default=None, help=DB_HELP)
+@click.pass_context
+def grades_export(ctx, lab_number, fmt, from_dir, out_path, assignment, db):
+    """Write one lab's grades as the file Canvas or Moodle imports (or a plain CSV),
+    from the server's newest grades (late penalty applied) or a grade-all folder."""
+    from ..server import lms
+    course = course_of(ctx)
+    lab = course.lab(lab_number)
+    lms.check_format(fmt)
+    if from_dir is not None:
+        rows = lms.from_folder(from_dir, lab)
+    else:
+        with _sessions(course, db)() as s:
+            rows = lms.from_server(s, lab)
+    out = course.staff_output(out_path, f"grades-lab{lab.number}-{fmt}.csv", "--out")
+    files.write_atomic(out, lms.render(rows, fmt, lab, assignment))
+    click.echo(f"{len(rows)} grade(s) of lab {lab.number} written for {fmt}: {out}")
+
+
 COMMANDS = [serve_command, roster_group, account_group, regrade_command, grant_command, leaderboard_group,
-            calibrate_command, gradebook_push, similarity_command]
+            calibrate_command, gradebook_push, similarity_command,
+            grades_group]
