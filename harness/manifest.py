@@ -254,6 +254,14 @@ class Submissions(_Strict):
                                       "part subtotals always)")
 
 
+class LateDays(_Strict):
+    """A course-wide budget of late days (``late_days: {budget: 5}``): each student's
+    late days across all labs are free until the budget is spent; the days past it cost
+    ``submissions.late.penalty_per_day`` each (the course server, its exports)."""
+
+    budget: int = Field(0, ge=0, description="late days each student may spend across labs without a penalty")
+
+
 class Images(_Strict):
     cpu: str = "ai-infra-labs:cpu"
     gpu: str = "ai-infra-labs:gpu"
@@ -263,6 +271,7 @@ class Course(_Strict):
     name: str
     images: Images = Images()
     submissions: Submissions = Submissions()
+    late_days: LateDays = LateDays()
     labs: Dict[str, Lab]
     gpu_points: Dict[str, float] = Field({}, description="points per lab that only a GPU can earn, as `labs "
                                          "release` writes them into a student checkout (which has no graders "

@@ -372,6 +372,34 @@ def similarity_command(ctx, submissions, lab_number, out_dir, threshold):
     click.echo(f"report: {html}\ncsv: {table}")
 
 
+@click.command("extend")
+@click.argument("student")
+@click.argument("lab_number", metavar="NN")
+@click.option("--days", required=True, type=float, help="days the student's deadline of lab NN moves (0 removes it)")
+@click.option("--reason", default="", help="kept with the extension")
+@click.option("--db", default=None, help=DB_HELP)
+@click.pass_context
+def extend_command(ctx, student, lab_number, days, reason, db):
+    """Move STUDENT's deadline of lab NN by --days: their submissions of it are that much
+    less late (fewer late days spent, less penalty), and it closes that much later."""
+    from sqlalchemy import select
+
+    from ..server import db as _db, latedays
+    course = course_of(ctx)
+    lab = course.lab(lab_number)
+    with _sessions(course, db)() as s:
+        acc = s.scalar(select(_db.Account).where(_db.Account.name == student, _db.Account.role == "student"))
+        if acc is None:
+            raise LabsError(f"no student account {student!r}", code=ExitCode.USAGE)
+        try:
+            latedays.extend(s, course, acc, lab, days, reason=reason, by=os.environ.get("USER", ""), now=time.time())
+        except ValueError as e:
+            raise LabsError(str(e), code=ExitCode.USAGE) from None
+        left = latedays.standing(s, course, acc)
+    click.echo(f"{student}: lab {lab.number} deadline extended by {days:g} day(s); "
+               f"late days left: {left.left} of {left.budget}")
+
+
 @click.group("grades")
 def grades_group():
     """Grades for the course's learning management system."""
@@ -399,7 +427,7 @@ def grades_export(ctx, lab_number, fmt, from_dir, out_path, assignment, db):
         rows = lms.from_folder(from_dir, lab)
     else:
         with _sessions(course, db)() as s:
-            rows = lms.from_server(s, lab)
+            rows = lms.from_server(s, course, lab)
     out = course.staff_output(out_path, f"grades-lab{lab.number}-{fmt}.csv", "--out")
     files.write_atomic(out, lms.render(rows, fmt, lab, assignment))
     click.echo(f"{len(rows)} grade(s) of lab {lab.number} written for {fmt}: {out}")
@@ -407,4 +435,4 @@ def grades_export(ctx, lab_number, fmt, from_dir, out_path, assignment, db):
 
 COMMANDS = [serve_command, roster_group, account_group, regrade_command, grant_command, leaderboard_group,
             calibrate_command, gradebook_push, similarity_command,
-            grades_group]
+            grades_group, extend_command]

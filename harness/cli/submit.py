@@ -148,6 +148,9 @@ def _print(sub: dict) -> None:
     if sub.get("late_days"):
         line += f", {sub['late_days']} day(s) late"
     c.print(escape(line))
+    if sub.get("late_budget"):
+        b = sub["late_budget"]
+        c.print(escape(f"late days: {b['left']} of {b['budget']} left ({b['spent']} spent)"))
     if sub.get("error"):
         c.print(escape(f"not graded: {sub['error']} (an infrastructure failure: it costs you nothing)"))
     res = sub.get("result")

@@ -23,9 +23,10 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from ..errors import LabsError
-from ..manifest import Lab
+from ..manifest import Course, Lab
+from . import latedays
 from .db import Account
-from .service import newest_results
+from .service import newest_results, results_json
 
 FORMATS = ("canvas", "moodle", "csv")
 CANVAS_POINTS = "    Points Possible"  # the row Canvas writes in its own export and reads back
@@ -38,7 +39,8 @@ class Grade:
     email: str
     score: float | None
     max_score: float
-    late_days: int = 0
+    late_days: int = 0  # days late, after the student's extension
+    charged_days: int = 0  # of those, the days the late-day budget did not cover: each costs the penalty
     status: str = ""
 
 
@@ -49,14 +51,15 @@ def check_format(fmt: str) -> str:
     return fmt
 
 
-def from_server(s: Session, lab: Lab, adjust=None) -> list[Grade]:
-    """Each student's newest graded submission of ``lab`` (the score after the late
-    penalty). ``adjust(submission, score) -> score``: a last change (late days)."""
+def from_server(s: Session, course: Course, lab: Lab) -> list[Grade]:
+    """Each student's newest graded submission of ``lab``, its score after the late
+    penalty for the late days the student's budget does not cover (``latedays``)."""
     emails = dict(s.execute(select(Account.name, Account.email)).all())
     rows = []
     for name, res, sub in newest_results(s, lab.number):
-        score = res.score if adjust is None else adjust(sub, res.score)
-        rows.append(Grade(name, emails.get(name, ""), score, res.max_score, sub.late_days, res.status))
+        score = results_json(course, res)["score"]
+        rows.append(Grade(name, emails.get(name, ""), score, res.max_score,
+                          latedays.sub_days(s, course, sub), latedays.charged(course, sub), res.status))
     return rows
 
 
@@ -71,7 +74,7 @@ def from_folder(folder: Path, lab: Lab) -> list[Grade]:
             if r.get("lab") not in (None, lab.number):
                 raise LabsError(f"--from {folder}: its grades.csv is lab {r['lab']}'s, not lab {lab.number}'s")
             score = float(r["score"]) if r.get("score") else None
-            rows.append(Grade(r["student"], "", score, float(r.get("max") or lab.points), 0, r.get("status", "")))
+            rows.append(Grade(r["student"], "", score, float(r.get("max") or lab.points), status=r.get("status", "")))
     return rows
 
 
@@ -97,7 +100,8 @@ def render(rows: list[Grade], fmt: str, lab: Lab, assignment: str | None = None)
         for g in rows:
             w.writerow([g.student, "", g.student, g.email, _num(g.score), g.status])
     else:
-        w.writerow(["student", "email", "lab", "score", "max_score", "late_days", "status"])
+        w.writerow(["student", "email", "lab", "score", "max_score", "late_days", "charged_days", "status"])
         for g in rows:
-            w.writerow([g.student, g.email, lab.number, _num(g.score), _num(g.max_score), g.late_days, g.status])
+            w.writerow([g.student, g.email, lab.number, _num(g.score), _num(g.max_score), g.late_days,
+                        g.charged_days, g.status])
     return out.getvalue()

@@ -7,7 +7,7 @@ from fastapi import APIRouter, Form
 from fastapi.responses import HTMLResponse, RedirectResponse
 from sqlalchemy import select
 
-from .. import pages, service, similarity
+from .. import latedays, pages, service, similarity
 from ..db import Submission
 from ..deps import COOKIE, CourseDep, Now, SessionDep, Staff, Student, own
 from ..service import Rejected
@@ -45,7 +45,8 @@ def login(course: CourseDep, s: SessionDep, token: str = Form(...)):
 def me(course: CourseDep, s: SessionDep, who: Student, now: Now):
     subs = s.scalars(select(Submission).where(Submission.account_id == who.id)
                      .order_by(Submission.created_at.desc())).all()
-    return pages.student(course, who, [service.submission_view(s, course, x, who, now) for x in subs])
+    late = latedays.standing(s, course, who).as_dict() if course.late_days.budget else None
+    return pages.student(course, who, [service.submission_view(s, course, x, who, now) for x in subs], late)
 
 
 @router.get("/submissions/{sub_id}", response_class=HTMLResponse)
