@@ -172,9 +172,11 @@ def account_token(ctx, name, db):
 @click.command("regrade")
 @click.option("--lab", "lab_number", required=True)
 @click.option("--student", default=None, help="only this student's newest submission")
+@click.option("--reason", default="regrade after a grader change", show_default=True,
+              help="why: kept with each new run and shown to staff and students beside the old result")
 @click.option("--db", default=None, help=DB_HELP)
 @click.pass_context
-def regrade_command(ctx, lab_number, student, db):
+def regrade_command(ctx, lab_number, student, reason, db):
     """Queue a regrade of each student's newest submission (after a grader change), on
     the regrade queue: interactive submissions go first. The server publishes them on
     its next start (pool mode) or its dispatchers pick them up (local)."""
@@ -182,7 +184,7 @@ def regrade_command(ctx, lab_number, student, db):
     course = course_of(ctx)
     lab = course.lab(lab_number)
     with _sessions(course, db)() as s:
-        ids = service.regrade(s, lab.number, time.time(), student=student)
+        ids = service.regrade(s, lab.number, time.time(), student=student, reason=reason)
     click.echo(f"{len(ids)} regrade job(s) queued for lab {lab.number}")
 
 
@@ -400,6 +402,43 @@ def extend_command(ctx, student, lab_number, days, reason, db):
                f"late days left: {left.left} of {left.budget}")
 
 
+@click.command("regrade-requests")
+@click.option("--all", "everything", is_flag=True, help="answered requests too")
+@click.option("--db", default=None, help=DB_HELP)
+@click.pass_context
+def regrade_requests_command(ctx, everything, db):
+    """The students' regrade requests, oldest first (open ones only without --all)."""
+    from ..server import regrades
+    course = course_of(ctx)
+    with _sessions(course, db)() as s:
+        rows = regrades.queue(s, everything=everything)
+    t = Table(title=f"{len(rows)} regrade request(s)")
+    for col in ("id", "student", "lab", "submission", "reason", "state", "answer"):
+        t.add_column(col)
+    for q in rows:
+        t.add_row(str(q["id"]), escape(q["student"]), q["lab"], q["submission"], escape(q["reason"]), q["state"],
+                  escape(q["answer"]))
+    Console(highlight=False, soft_wrap=True).print(t)
+
+
+@click.command("regrade-answer")
+@click.argument("req_id", metavar="ID", type=int)
+@click.option("--answer", required=True, help="the answer the student reads")
+@click.option("--regrade", is_flag=True, help="also queue the submission again (a new run; the old result stays)")
+@click.option("--db", default=None, help=DB_HELP)
+@click.pass_context
+def regrade_answer_command(ctx, req_id, answer, regrade, db):
+    """Answer regrade request ID (and with --regrade queue the submission again)."""
+    from ..server import regrades, service
+    course = course_of(ctx)
+    with _sessions(course, db)() as s:
+        try:
+            req = regrades.answer(s, req_id, os.environ.get("USER") or "staff", answer, regrade, time.time())
+        except service.Rejected as e:
+            raise LabsError(str(e), code=ExitCode.USAGE) from None
+    click.echo(f"regrade request {req_id} {req.state}" + (f": job {req.job_id} queued" if req.job_id else ""))
+
+
 @click.group("grades")
 def grades_group():
     """Grades for the course's learning management system."""
@@ -435,4 +474,4 @@ def grades_export(ctx, lab_number, fmt, from_dir, out_path, assignment, db):
 
 COMMANDS = [serve_command, roster_group, account_group, regrade_command, grant_command, leaderboard_group,
             calibrate_command, gradebook_push, similarity_command,
-            grades_group, extend_command]
+            grades_group, extend_command, regrade_requests_command, regrade_answer_command]

@@ -176,6 +176,31 @@ def _print(sub: dict) -> None:
         c.print(t)
     else:
         c.print(escape(sub.get("policy") or "each hidden test's result is shown per the course's policy"))
+    if len(sub.get("runs") or []) > 1:
+        t = Table(title="Every run (a regrade adds one; none is overwritten)")
+        for col in ("run", "graded", "score", "status", "why"):
+            t.add_column(col)
+        for i, x in enumerate(sub["runs"], 1):
+            t.add_row(str(i), time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(x["graded_at"])),
+                      f"{x['score']:.4g} / {x['max_score']:.4g}", escape(x["status"]), escape(x["reason"]))
+        c.print(t)
+    for q in sub.get("regrade_requests") or []:
+        c.print(escape(f"regrade request {q['id']} ({q['state']}): {q['reason']}"
+                       + (f"; answer: {q['answer']}" if q["answer"] else "")))
 
 
-COMMANDS = [login_command, submit_command, status_command]
+@click.command("regrade-request")
+@click.argument("sub_id", metavar="ID")
+@click.option("--reason", required=True, help="what should be looked at again, and why")
+@click.option("--server", default=None, help="course server URL (default: $LABS_SERVER or `labs login`)")
+@click.option("--token", default=None, help="your token (default: $LABS_TOKEN or `labs login`)")
+def regrade_request_command(sub_id, reason, server, token):
+    """Ask staff to regrade your graded submission ID, saying why. Staff answer on the
+    server; a regrade adds a run beside the old one (`labs status ID` shows both)."""
+    server, token = _config(server, token)
+    got = _request("POST", server, token, f"/api/submissions/{sub_id}/regrade-requests", json={"reason": reason})
+    q = got.json()
+    click.echo(f"regrade request {q['id']} for submission {q['submission']} is {q['state']}: staff will answer it")
+
+
+COMMANDS = [login_command, submit_command, status_command, regrade_request_command]

@@ -50,9 +50,16 @@ def student(course: Course, who, submissions: list[dict], late: dict | None = No
     return _page("student.html", course, who=who, submissions=submissions, late=late, staff_link=who.role == "staff")
 
 
-def submission(course: Course, view: dict, *, staff: bool = True) -> str:
-    """``staff``: whether the viewer is staff (the navigation's staff link)."""
-    return _page("submission.html", course, sub=view, lab=course.lab(view["lab"]), staff_link=staff)
+def submission(course: Course, view: dict, *, staff: bool = True, own: bool = True) -> str:
+    """``staff``: whether the viewer is staff (the navigation's staff link); ``own``:
+    whether it is the viewer's own submission (the regrade request form)."""
+    return _page("submission.html", course, sub=view, lab=course.lab(view["lab"]), staff_link=staff, own=own)
+
+
+def staff_regrades(course: Course, requests: list[dict]) -> str:
+    """The regrade requests (``regrades.queue``), open ones with an answer form."""
+    return _page("staff_regrades.html", course, requests=sorted(requests, key=lambda r: (r["state"] != "open",
+                                                                                         r["created_at"])))
 
 
 def staff(course: Course, labs: list[dict], runners: list[dict]) -> str:

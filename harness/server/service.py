@@ -294,17 +294,19 @@ def submit(s: Session, course: Course, account: Account, lab_number: str, filena
     return Accepted(sub, job, duplicate=False)
 
 
-def regrade(s: Session, lab: str, now: float, *, student: str | None = None) -> list[int]:
+def regrade(s: Session, lab: str, now: float, *, student: str | None = None,
+            reason: str = "regrade after a grader change") -> list[int]:
     """Queue a regrade (the ``regrade`` queue, behind every interactive job) of each
     student's newest submission of ``lab`` (or of ``student``'s only): after a grader
-    change. Returns the new job ids."""
+    change; ``reason`` is kept with each new job (the old results stay). Returns the new job ids."""
     q = select(Submission).where(Submission.lab == lab)
     if student:
         q = q.join(Account).where(Account.name == student)
     newest: dict[int, Submission] = {}
     for sub in s.scalars(q.order_by(Submission.created_at)):
         newest[sub.account_id] = sub
-    jobs = [Job(submission=sub, queue="regrade", state="queued", created_at=now) for sub in newest.values()]
+    jobs = [Job(submission=sub, queue="regrade", state="queued", created_at=now, reason=reason)
+            for sub in newest.values()]
     s.add_all(jobs)
     s.commit()
     return [j.id for j in jobs]

@@ -9,7 +9,7 @@ from fastapi.responses import PlainTextResponse
 from pydantic import BaseModel
 from sqlalchemy.orm import Session
 
-from .. import service
+from .. import regrades, service
 from ..deps import CourseDep, Now, ServerDep, SessionDep, Staff
 
 router = APIRouter(prefix="/api/staff")
@@ -37,11 +37,31 @@ def invalid(result_id: int, body: Invalid, s: SessionDep, _: Staff):
 
 @router.post("/regrade")
 def regrade(srv: ServerDep, s: SessionDep, _: Staff, now: Now, lab: str = Form(...),
-            student: str | None = Form(None)):
-    ids = service.regrade(s, lab, now, student=student)
+            student: str | None = Form(None), reason: str = Form("regrade after a grader change")):
+    ids = service.regrade(s, lab, now, student=student, reason=reason)
     for job_id in ids:
         srv.publish_job(s, job_id)
     return {"jobs": ids}
+
+
+class Answer(BaseModel):
+    answer: str
+    regrade: bool = False
+
+
+@router.get("/regrade-requests")
+def regrade_requests(s: SessionDep, _: Staff, everything: bool = False):
+    """The open regrade requests, oldest first (``everything``: answered ones too)."""
+    return regrades.queue(s, everything=everything)
+
+
+@router.post("/regrade-requests/{req_id}")
+def answer_request(req_id: int, body: Answer, srv: ServerDep, s: SessionDep, who: Staff, now: Now):
+    """Answer a request; with ``regrade``, queue the submission again (published to the broker)."""
+    req = regrades.answer(s, req_id, who.name, body.answer, body.regrade, now)
+    if req.job_id is not None:
+        srv.publish_job(s, req.job_id)
+    return regrades.request_view(req)
 
 
 def export_csv(s: Session, lab: str) -> str:
