@@ -272,6 +272,9 @@ class Course(_Strict):
     images: Images = Images()
     submissions: Submissions = Submissions()
     late_days: LateDays = LateDays()
+    perf_calibrated_on: List[str] = Field([], description="the device models (`labs runner doctor`'s gpu_model, "
+                                          "or cpu) the perf thresholds were calibrated on (`labs calibrate`); a perf "
+                                          "test on another model is not_run, not graded (empty: every model)")
     labs: Dict[str, Lab]
     gpu_points: Dict[str, float] = Field({}, description="points per lab that only a GPU can earn, as `labs "
                                          "release` writes them into a student checkout (which has no graders "

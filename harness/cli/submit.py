@@ -159,8 +159,9 @@ def _print(sub: dict) -> None:
     c.print(escape(f"score {res['score']:.4g} / {res['max_score']:.4g} ({res['max_score_runnable']:.4g} runnable "
                    f"on {res['gpu_model']}); {res['status']}"))
     if res.get("not_run_points"):
-        c.print(escape(f"GPU tests not run yet: {res['not_run_points']:.4g} points (graded without a GPU: "
-                       "not a 0, they count once a GPU runner grades them)"))
+        c.print(escape(f"GPU tests not run yet: {res['not_run_points']:.4g} points, not verified here (no GPU, or "
+                       "perf on a model the thresholds were not calibrated on): not a 0, they count once a "
+                       "calibrated GPU runner grades them"))
     parts = Table(title="Parts")
     parts.add_column("part")
     parts.add_column("points")
@@ -172,6 +173,10 @@ def _print(sub: dict) -> None:
         for col in ("test", "score", "message"):
             t.add_column(col)
         for x in res["tests"]:
+            if x.get("status") == "not_run":  # this hardware could not run it: neither passed nor failed
+                t.add_row(escape(x["name"]), f"not_run ({x.get('not_run_points', 0):.4g} points)",
+                          escape(f"not verified here: {x.get('not_run_reason', '')}"[:300]))
+                continue
             t.add_row(escape(x["name"]), f"{x['score']:.4g} / {x['max_score']:.4g}", escape((x.get("output") or "")[:300]))
         c.print(t)
     else:

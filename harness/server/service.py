@@ -515,8 +515,10 @@ def result_view(course: Course, result: Result, show_tests: bool) -> dict:
             "not_run_points": round(sum((t.get("extra_data") or {}).get("not_run_points", 0.0)
                                         for t in data.get("tests", [])), 4)}
     if show_tests:
-        view["tests"] = [{k: t.get(k) for k in ("name", "score", "max_score", "status", "output")}
-                         for t in data.get("tests", [])]
+        view["tests"] = [{**{k: t.get(k) for k in ("name", "score", "max_score", "status", "output")},
+                          **{k: v for k, v in (t.get("extra_data") or {}).items() if k.startswith("not_run")},
+                          "status": t.get("status") or (t.get("extra_data") or {}).get("status")}
+                         for t in data.get("tests", [])]  # not_run: this hardware could not run it, and why
     return view
 
 
