@@ -262,6 +262,13 @@ class LateDays(_Strict):
     budget: int = Field(0, ge=0, description="late days each student may spend across labs without a penalty")
 
 
+class Trials(_Strict):
+    """Trial runs (``labs submit NN --trial``): the visible and perf tests on the grading
+    hardware, not a submission; ``per_lab`` of them per student and lab."""
+
+    per_lab: int = Field(3, ge=0, description="trial runs each student may make of each lab (0: none)")
+
+
 class Images(_Strict):
     cpu: str = "ai-infra-labs:cpu"
     gpu: str = "ai-infra-labs:gpu"
@@ -272,6 +279,7 @@ class Course(_Strict):
     images: Images = Images()
     submissions: Submissions = Submissions()
     late_days: LateDays = LateDays()
+    trials: Trials = Trials()
     perf_calibrated_on: List[str] = Field([], description="the device models (`labs runner doctor`'s gpu_model, "
                                           "or cpu) the perf thresholds were calibrated on (`labs calibrate`); a perf "
                                           "test on another model is not_run, not graded (empty: every model)")

@@ -78,10 +78,14 @@ def login_command(server, token):
 @click.argument("lab_number")
 @click.option("--server", default=None, help="course server URL (default: LABS_SERVER or `labs login`)")
 @click.option("--token", default=None, help="your token (default: LABS_TOKEN or `labs login`)")
+@click.option("--trial", is_flag=True, help="a trial run: the visible and perf tests on the grading hardware, not "
+                                            "graded and not a submission (a quota per lab, run after submissions)")
+@click.option("--wait", is_flag=True, help="with --trial: wait for it and print the timings beside the thresholds")
 @click.pass_context
-def submit_command(ctx, lab_number, server, token):
+def submit_command(ctx, lab_number, server, token, trial, wait):
     """Upload lab LAB_NUMBER's module (labs/NN/<module>.py) for grading on the course's
-    GPU runners; prints the submission id (`labs status ID` follows it)."""
+    GPU runners; prints the submission id (`labs status ID` follows it). With --trial,
+    only the visible and performance tests run, on the grading hardware: nothing counts."""
     course = course_of(ctx)
     lab = course.lab(lab_number)
     server, token = _config(server, token)
@@ -90,6 +94,8 @@ def submit_command(ctx, lab_number, server, token):
     except _impl.ImplError as e:
         raise LabsError(str(e)) from None
     blob = grading.pack_module(path, lab)
+    if trial:
+        return _trial(server, token, lab, blob, wait)
     r = _request("POST", server, token, "/api/submissions", data={"lab": lab.number},
                  files={"file": (f"{lab.number}.tar.gz", blob, "application/gzip")})
     sub = r.json()
@@ -98,6 +104,46 @@ def submit_command(ctx, lab_number, server, token):
     click.echo(f"  state {sub['state']}" + (f", position {sub['position']}" if sub.get("position") else "")
                + (f", about {sub['eta_s'] / 60:.1f} min" if sub.get("eta_s") is not None else ""))
     click.echo(f"  `labs status {sub['id']}` shows it")
+
+
+def _trial(server: str, token: str, lab, blob: bytes, wait: bool) -> None:
+    got = _request("POST", server, token, "/api/trials", data={"lab": lab.number},
+                   files={"file": (f"{lab.number}.tar.gz", blob, "application/gzip")}).json()
+    click.echo(f"trial run of lab {lab.number}: {got['id']} ({got['state']}; not graded, not a submission; "
+               f"{got['quota_left']} trial(s) of lab {lab.number} left)")
+    while wait and got["state"] in ("queued", "running"):
+        time.sleep(2.0)
+        got = _request("GET", server, token, f"/api/trials/{got['id']}").json()
+    if wait:
+        print_trial(got)
+
+
+def print_trial(got: dict) -> None:
+    """A finished trial: each visible test, then each perf figure beside its thresholds."""
+    c = Console(highlight=False, soft_wrap=True)
+    if got["state"] == "failed":
+        c.print(escape(f"the trial could not run: {got['error']} (it does not count against your quota)"))
+        return
+    res = got.get("result")
+    if not res:
+        c.print(escape(f"trial {got['id']}: {got['state']}"))
+        return
+    t = Table(title=f"Trial {got['id'][:12]} of lab {got['lab']}: visible tests on {res['gpu_model']}")
+    for col in ("test", "outcome", "message"):
+        t.add_column(col)
+    for x in res["visible"]:
+        t.add_row(escape(x["name"]), x["outcome"], escape(x["message"].splitlines()[0] if x["message"] else ""))
+    c.print(t)
+    p = Table(title="Performance (ratio: your time / baseline; lower is faster)")
+    for col in ("perf key", "ratio", "full credit at", "none at", "credit", "baseline"):
+        p.add_column(col)
+    for x in res["perf"]:
+        ran = x["ratio"] is not None
+        p.add_row(escape(x["key"]), f"{x['ratio']:.3f}" if ran else escape(f"{x['outcome']}: {x['message']}"),
+                  "" if x["full_credit"] is None else f"<= {x['full_credit']:g}",
+                  "" if x["zero_credit"] is None else f">= {x['zero_credit']:g}",
+                  "" if x["credit"] is None else f"{x['credit']:.2f}", escape(x["baseline"]))
+    c.print(p)
 
 
 @click.command("status")

@@ -146,6 +146,27 @@ class RegradeRequest(Base):
     submission: Mapped[Submission] = relationship()
 
 
+class Trial(Base):
+    """A trial run (``labs submit NN --trial``): the lab's visible and performance tests on
+    the grading hardware, never the hidden graders, never a submission (nothing that
+    counts reads this table). Run only when no submission waits; ``result`` is the JSON
+    of what ran (``trialrun.run``)."""
+
+    __tablename__ = "trials"
+    id: Mapped[str] = mapped_column(String(32), primary_key=True)
+    account_id: Mapped[int] = mapped_column(ForeignKey("accounts.id"), index=True)
+    lab: Mapped[str] = mapped_column(String(2))
+    blob: Mapped[bytes] = mapped_column(LargeBinary)
+    state: Mapped[str] = mapped_column(String(16), default="queued", index=True)  # queued, running, done, failed
+    owner: Mapped[str | None] = mapped_column(String(200), nullable=True)
+    created_at: Mapped[float] = mapped_column(Float)
+    started_at: Mapped[float | None] = mapped_column(Float, nullable=True)
+    finished_at: Mapped[float | None] = mapped_column(Float, nullable=True)
+    result: Mapped[str] = mapped_column(Text, default="")
+    error: Mapped[str] = mapped_column(Text, default="")
+    account: Mapped[Account] = relationship()
+
+
 class Bucket(Base):
     """A student's token bucket for one lab (the intake's rate limit)."""
 

@@ -45,9 +45,11 @@ def login(course: Course, error: str = "") -> str:
     return _page("login.html", course, staff_link=False, error=error)
 
 
-def student(course: Course, who, submissions: list[dict], late: dict | None = None) -> str:
-    """``late``: the student's late-day standing (``latedays.Standing.as_dict``), None without a budget."""
-    return _page("student.html", course, who=who, submissions=submissions, late=late, staff_link=who.role == "staff")
+def student(course: Course, who, submissions: list[dict], late: dict | None = None, trials: list | None = None) -> str:
+    """``late``: the student's late-day standing (``latedays.Standing.as_dict``), None
+    without a budget; ``trials``: their trial runs (``trials.view``), newest first."""
+    return _page("student.html", course, who=who, submissions=submissions, late=late, trials=trials or [],
+                 staff_link=who.role == "staff")
 
 
 def submission(course: Course, view: dict, *, staff: bool = True, own: bool = True) -> str:

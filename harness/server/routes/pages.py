@@ -7,7 +7,7 @@ from fastapi import APIRouter, Form
 from fastapi.responses import HTMLResponse, RedirectResponse
 from sqlalchemy import select
 
-from .. import latedays, pages, regrades, service, similarity
+from .. import latedays, pages, regrades, service, similarity, trials
 from ..db import Submission
 from ..deps import COOKIE, CourseDep, Now, ServerDep, SessionDep, Staff, Student, own
 from ..service import Rejected
@@ -46,7 +46,8 @@ def me(course: CourseDep, s: SessionDep, who: Student, now: Now):
     subs = s.scalars(select(Submission).where(Submission.account_id == who.id)
                      .order_by(Submission.created_at.desc())).all()
     late = latedays.standing(s, course, who).as_dict() if course.late_days.budget else None
-    return pages.student(course, who, [service.submission_view(s, course, x, who, now) for x in subs], late)
+    return pages.student(course, who, [service.submission_view(s, course, x, who, now) for x in subs], late,
+                         [trials.view(s, course, t) for t in trials.of(s, who)])
 
 
 @router.get("/submissions/{sub_id}", response_class=HTMLResponse)
