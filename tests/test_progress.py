@@ -389,3 +389,19 @@ def test_plots_show_what_each_run_measured_and_leave_out_empty_panels(toy_course
     seed_history(db, toy_course)
     (lab,) = progress_report.summarize(manifest.load(toy_course), db)["labs"]
     assert progress_report._plot_svg(lab, {}).count('<g id="axes_') == 2
+
+
+def test_progress_counts_tests_not_run_on_this_hardware_apart_from_failures(toy_course, tmp_path):
+    """Issue 34.6: `labs progress` shows a visible test this hardware could not run as
+    not_run, never as a failure."""
+    db = tmp_path / "p.db"
+    root = str(toy_course.resolve())
+    tests = [progress.TestRecord(nodeid=f"labs/07/t.py::t{j}", name=f"t{j}", part="A", outcome=o)
+             for j, o in enumerate(["passed", "passed", "not_run"])]
+    progress.record_runs([progress.RunRecord(course="Toy course", course_root=root, lab="07", kind="visible",
+                                             started=time.time(), tests=tests)], db)
+    r = labs_cli(toy_course, db, "progress", "--json")
+    (lab,) = json.loads(r.output)["labs"]
+    assert lab["visible"]["passed"] == 2 and lab["visible"]["not_run"] == 1
+    r = labs_cli(toy_course, db, "progress")
+    assert "2/3 (1 not_run)" in r.output, r.output
