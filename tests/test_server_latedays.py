@@ -48,6 +48,7 @@ def course_server(tmp_path):
     client = TestClient(app)
     with app.state.sessions() as s:
         tokens = {n: service.add_account(s, n, "student", b"k", now=clock()) for n in ("alice", "bob", "carol")}
+        tokens["ta"] = service.add_account(s, "ta", "staff", b"k", now=clock())
 
     def submit(who: str, lab: str, graded: bool = True):
         folder = tmp_path / "mods" / f"{who}{lab}{clock.t}"
@@ -86,6 +87,9 @@ def test_late_days_are_spent_across_labs_extended_and_exported(course_server, tm
     assert p.returncode == 0, p.stderr
     assert "alice: lab 08 deadline extended by 3 day(s); late days left: 1 of 3" in p.stdout
     assert _export(root, url, "08", tmp_path) == {"alice": ("8.5", "0", "0"), "bob": ("8.5", "3", "0")}
+    staff_csv = client.get("/api/staff/grades.csv?lab=08", headers={"Authorization": f"Bearer {tokens['ta']}"})
+    assert {r["student"]: r["score"] for r in csv.DictReader(staff_csv.text.splitlines())} == \
+        {"alice": "8.5", "bob": "8.5"}  # the staff page's CSV applies the extension too
     # the extension also keeps lab 08 open longer for alice alone
     clock.advance(2 * DAY)  # lab 08 is 5 days past its deadline now: closed (max_days 4)
     assert submit("bob", "08", graded=False).status_code == 403

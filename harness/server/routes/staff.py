@@ -25,8 +25,8 @@ def overview(course: CourseDep, s: SessionDep, _: Staff, now: Now):
 
 
 @router.get("/grades.csv")
-def grades_csv(lab: str, s: SessionDep, _: Staff):
-    return PlainTextResponse(export_csv(s, lab), media_type="text/csv")
+def grades_csv(lab: str, course: CourseDep, s: SessionDep, _: Staff):
+    return PlainTextResponse(export_csv(s, lab, course), media_type="text/csv")
 
 
 @router.post("/results/{result_id}/invalid")
@@ -64,12 +64,14 @@ def answer_request(req_id: int, body: Answer, srv: ServerDep, s: SessionDep, who
     return regrades.request_view(req)
 
 
-def export_csv(s: Session, lab: str) -> str:
-    """Staff export: one row per student, the newest graded result of ``lab``."""
+def export_csv(s: Session, lab: str, course=None) -> str:
+    """Staff export: one row per student, the newest graded result of ``lab`` (with
+    ``course``: its score under the late-day rules as they stand now, ``latedays``)."""
     out = io.StringIO()
     w = csv.writer(out)
     w.writerow(["student", "lab", "score", "max", "max_runnable", "status", "late_days", "submission", "graded_at"])
     for name, res, sub in service.newest_results(s, lab):
-        w.writerow([name, lab, res.score, res.max_score, res.max_runnable, res.status, sub.late_days, sub.id,
+        score = service.results_json(course, res)["score"] if course is not None else res.score
+        w.writerow([name, lab, score, res.max_score, res.max_runnable, res.status, sub.late_days, sub.id,
                     service.utc(res.graded_at)])
     return out.getvalue()
