@@ -636,17 +636,6 @@ def clock() -> float:
     return time.time()
 
 
-def newest_modules(s: Session, lab: str) -> dict[str, str]:
-    """Each student's newest submitted module of ``lab`` (graded or not), as text: what
-    the similarity report compares. Staff accounts' submissions are left out."""
-    newest: dict[str, Submission] = {}
-    q = (select(Submission, Account).join(Account, Submission.account_id == Account.id)
-         .where(Submission.lab == lab, Account.role == "student").order_by(Submission.created_at))
-    for sub, acc in s.execute(q):
-        newest[acc.name] = sub
-    return {name: sub.blob.decode("utf-8", errors="replace") for name, sub in newest.items()}
-
-
 def newest_results(s: Session, lab: str) -> list[tuple[str, Result, Submission]]:
     """(student, result, submission) of each student's newest graded submission of
     ``lab``, sorted by name: what the CSV export and the nbgrader gradebook push record."""

@@ -18,9 +18,13 @@ import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
 from .. import classroom, grading
 from ..errors import LabsError
 from ..manifest import Course, Lab, LabPaths
+from .db import Account, Submission
 
 NOISE_T = 25      # copydetect's default: matches shorter than this many filtered characters never count
 GUARANTEE_T = 30  # copydetect's default: matches this long are always found (window = guarantee - noise + 1)
@@ -103,6 +107,17 @@ def modules_in(submissions: Path, lab: Lab) -> tuple[dict[str, str], dict[str, s
                 continue
             found[sub.student] = module.data.decode("utf-8", errors="replace")
     return found, skipped
+
+
+def newest_modules(s: Session, lab: str) -> dict[str, str]:
+    """Each student's newest submitted module of ``lab`` (graded or not), as text: what
+    the similarity report compares. Staff accounts' submissions are left out."""
+    newest: dict[str, Submission] = {}
+    q = (select(Submission, Account).join(Account, Submission.account_id == Account.id)
+         .where(Submission.lab == lab, Account.role == "student").order_by(Submission.created_at))
+    for sub, acc in s.execute(q):
+        newest[acc.name] = sub
+    return {name: sub.blob.decode("utf-8", errors="replace") for name, sub in newest.items()}
 
 
 def _fingerprint(name: str, text: str, boiler=None, window: int | None = None):

@@ -103,7 +103,7 @@ def similarity_page(lab: str, course: CourseDep, s: SessionDep, _: Staff, thresh
     threshold = similarity.THRESHOLD if threshold is None else threshold
     if not 0 < threshold <= 1:
         raise Rejected(422, f"threshold {threshold!r} is not a share of matched code in (0, 1]")
-    return pages.similarity(course, similarity.compare(service.newest_modules(s, lab), similarity.boilerplate(
+    return pages.similarity(course, similarity.compare(similarity.newest_modules(s, lab), similarity.boilerplate(
         course, course.labs[lab]), course.labs[lab], threshold=threshold))
 
 
