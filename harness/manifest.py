@@ -254,6 +254,21 @@ class Submissions(_Strict):
                                       "part subtotals always)")
 
 
+class LateDays(_Strict):
+    """A course-wide budget of late days (``late_days: {budget: 5}``): each student's
+    late days across all labs are free until the budget is spent; the days past it cost
+    ``submissions.late.penalty_per_day`` each (the course server, its exports)."""
+
+    budget: int = Field(0, ge=0, description="late days each student may spend across labs without a penalty")
+
+
+class Trials(_Strict):
+    """Trial runs (``labs submit NN --trial``): the visible and perf tests on the grading
+    hardware, not a submission; ``per_lab`` of them per student and lab."""
+
+    per_lab: int = Field(3, ge=0, description="trial runs each student may make of each lab (0: none)")
+
+
 class Images(_Strict):
     cpu: str = "ai-infra-labs:cpu"
     gpu: str = "ai-infra-labs:gpu"
@@ -263,6 +278,11 @@ class Course(_Strict):
     name: str
     images: Images = Images()
     submissions: Submissions = Submissions()
+    late_days: LateDays = LateDays()
+    trials: Trials = Trials()
+    perf_calibrated_on: List[str] = Field([], description="the device models (`labs runner doctor`'s gpu_model, "
+                                          "or cpu) the perf thresholds were calibrated on (`labs calibrate`); a perf "
+                                          "test on another model is not_run, not graded (empty: every model)")
     labs: Dict[str, Lab]
     gpu_points: Dict[str, float] = Field({}, description="points per lab that only a GPU can earn, as `labs "
                                          "release` writes them into a student checkout (which has no graders "

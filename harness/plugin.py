@@ -44,10 +44,12 @@ import pytest
 from . import impl as _impl
 from . import manifest as _manifest
 from .errors import InfraFailure
+from .progress import NOT_RUN_MARK as NOT_RUN, not_run_reason  # a test this hardware cannot run: not_run
 
 _state_key = pytest.StashKey["_LabsState"]()
 
 GPU_SKIP_REASON = "needs a CUDA GPU (torch.cuda.is_available() is False here); graded on a GPU runner"
+MODEL_ENV = "LABS_GPU_MODEL"  # the device model grading runs on (default: torch's name of GPU 0, else "cpu")
 MIN_TRITON = (3, 0)  # the oldest Triton whose CUDA backend the labs' kernels and graders use (tl.dot, masks)
 
 
@@ -398,11 +400,26 @@ def _perf_record_problem(item, lab, name: str) -> str | None:
     return None
 
 
+def device_model() -> str:
+    """The model perf is measured on: ``$LABS_GPU_MODEL``, else GPU 0's name, else ``cpu``."""
+    if os.environ.get(MODEL_ENV):
+        return os.environ[MODEL_ENV]
+    import torch
+    return torch.cuda.get_device_name(0) if torch.cuda.is_available() else "cpu"
+
+
 def pytest_runtest_setup(item):
     if item.get_closest_marker("gpu") is not None:
         import torch
         if not torch.cuda.is_available():
-            pytest.skip(GPU_SKIP_REASON)
+            pytest.skip(NOT_RUN + GPU_SKIP_REASON)
+    st = item.config.stash.get(_state_key, None)
+    calibrated = st.course.perf_calibrated_on if st is not None else []
+    if calibrated and item.get_closest_marker("perf") is not None and device_model() not in calibrated:
+        pytest.skip(f"{NOT_RUN}perf thresholds are not calibrated on {device_model()} (labs.yaml "
+                    f"perf_calibrated_on: {', '.join(calibrated)}; `labs calibrate` there first): correctness is "
+                    f"graded by the other tests, perf credit only on a calibrated model")
+    if item.get_closest_marker("gpu") is not None:
         lab = _state(item.config).lab_of(item.path)
         if lab is not None and "triton" in lab.requires:
             why = _triton_missing()
@@ -410,7 +427,7 @@ def pytest_runtest_setup(item):
                 _record(item, "labs_infra", f"the grading environment's Triton: {why}")
                 pytest.fail(f"grading environment: {why}", pytrace=False)
             if why:  # a local run or the GPU check in another Python: say so and go on
-                pytest.skip(why)
+                pytest.skip(NOT_RUN + why)
 
 
 def _triton_missing() -> str:
@@ -540,10 +557,22 @@ def record_perf(request):
     return record
 
 
+def pytest_report_teststatus(report, config):
+    """A test this hardware cannot run is ``not_run`` (N), never ``skipped``."""
+    if report.when in ("setup", "call") and not_run_reason(report) is not None:
+        return "not_run", "N", ("NOT RUN", {"yellow": True})
+    return None
+
+
 def pytest_terminal_summary(terminalreporter, config):
     st = config.stash.get(_state_key, None)
     if st is None:
         return
+    not_run = terminalreporter.stats.get("not_run", [])
+    if not_run:
+        terminalreporter.write_sep("-", "labs: not run on this hardware (not verified here: neither passed nor failed)")
+        for rep in not_run:
+            terminalreporter.write_line(f"NOT RUN {rep.nodeid}: {not_run_reason(rep)}")
     lines = []
     for rep in terminalreporter.getreports("passed") + terminalreporter.getreports("failed"):
         for key, entry in getattr(rep, "user_properties", []):

@@ -42,6 +42,15 @@ from pathlib import Path
 import pytest
 from .errors import LabsError
 
+NOT_RUN_MARK = "not verified here: "  # a skip reason the labs plugin gives a test this hardware cannot run
+
+
+def not_run_reason(report) -> str | None:
+    """Why a test did not run on this hardware (a skip carrying ``NOT_RUN_MARK``), or None."""
+    if report.skipped and isinstance(report.longrepr, tuple) and NOT_RUN_MARK in str(report.longrepr[2]):
+        return str(report.longrepr[2]).partition(NOT_RUN_MARK)[2]
+    return None
+
 SCHEMA_VERSION = 2  # 2: the runs_checkout_lab index (progress keyed by checkout)
 APP_NAME = "ai-infra-labs"
 DB_FILENAME = "progress.sqlite3"
@@ -74,7 +83,7 @@ CREATE TABLE IF NOT EXISTS results (
     part        TEXT,                     -- the test's part marker, NULL when it has none
     nodeid      TEXT NOT NULL,
     name        TEXT NOT NULL,
-    outcome     TEXT NOT NULL,            -- passed, failed, error, skipped, not run
+    outcome     TEXT NOT NULL,            -- passed, failed, error, skipped, not_run (not on this hardware), not run
     duration_s  REAL NOT NULL DEFAULT 0,
     score       REAL,                     -- grades only
     max_score   REAL
@@ -149,7 +158,8 @@ class RunRecord:
     tests: list[TestRecord] = field(default_factory=list)
 
     def counts(self) -> dict:
-        out = {k: sum(t.outcome == k for t in self.tests) for k in ("passed", "skipped")}
+        out = {k: sum(t.outcome == k for t in self.tests) for k in ("passed", "skipped", "not_run")}
+        out["skipped"] += out.pop("not_run")  # the store's column: tests that did not run here
         out["total"] = len(self.tests)
         out["failed"] = out["total"] - out["passed"] - out["skipped"]
         return out
@@ -404,6 +414,8 @@ class ProgressRecorder(PartAnnotator):
             if report.when == "call" or report.outcome != "passed":
                 if t.outcome in ("pending", "passed"):
                     t.outcome = "error" if (report.failed and report.when != "call") else report.outcome
+                    if not_run_reason(report) is not None:
+                        t.outcome = "not_run"  # this hardware could not run it: neither passed nor failed
             perf = [{"name": e["name"], "ratio": e["ratio"]} for k, e in getattr(report, "user_properties", ())
                     if k == "labs_perf" and e.get("ratio") is not None]
             if perf or report.when == "call":  # each phase's report carries every figure so far

@@ -41,6 +41,9 @@ def _status(runs: list[dict], part: str | None, max_points: float) -> dict:
         ts = tests(visible[-1])
         out["visible"] = {"passed": sum(t["outcome"] == "passed" for t in ts), "total": len(ts),
                           "at": visible[-1]["started"]}
+        not_run = sum(t["outcome"] == "not_run" for t in ts)  # this hardware could not run them: not failures
+        if not_run:
+            out["visible"]["not_run"] = not_run
 
     def grade_score(r):
         if part is None:
@@ -82,6 +85,8 @@ def summarize(course, path: Path | None = None, lab: str | None = None) -> dict:
 def _cells(s: dict, short: bool = False) -> list[str]:
     v = s["visible"]
     vis = f"{v['passed']}/{v['total']}" if v else "-"
+    if v and v.get("not_run"):
+        vis += f" ({v['not_run']} not_run)"
 
     def g(x):
         return f"{x['score']:.4g}/{x['max_score']:.4g}" if x else "-"

@@ -15,6 +15,7 @@ import enum
 import statistics
 from dataclasses import asdict, dataclass, field
 
+NOT_RUN = "not_run"  # a test this hardware could not run (no GPU, an uncalibrated model): neither passed nor failed
 STATUS_MAX = 300  # characters of a status: one CSV-friendly line
 IMPL_ERRORS = {"import": "import error", "api": "api mismatch", "missing": "no module", "timeout": "timeout"}
 
@@ -41,7 +42,7 @@ class TestResult:
     part: str
     max_score: float
     score: float
-    outcome: str  # passed, failed, error, skipped, not run
+    outcome: str  # passed, failed, error, not_run (this hardware could not run it), not run (never reached)
     output: str = ""
     duration_s: float = 0.0
     tags: list[str] = field(default_factory=list)
@@ -49,21 +50,36 @@ class TestResult:
     bonus: bool = False  # counts in score, not in max_score
     impl_error: str = ""  # "missing", "import", "api" or "timeout": the implementation could not be loaded
 
+    def __post_init__(self):
+        """A test the grading pipeline reports ``skipped`` (it needs what this machine
+        lacks) is ``not_run``, with its reason: in every record, old ones read back too."""
+        if self.outcome == "skipped":
+            self.outcome = NOT_RUN
+            self.tags = [NOT_RUN if t == "skipped" else t for t in self.tags]
+            reason = self.output.removeprefix("skipped: ").removeprefix("not verified here: ")
+            self.output = f"not verified here: {reason}"
+
     @property
     def runnable(self) -> bool:
-        return self.outcome != "skipped"
+        return self.outcome != NOT_RUN
+
+    @property
+    def not_run_reason(self) -> str:
+        """Why this hardware could not run the test ("" when it ran)."""
+        return self.output.removeprefix("not verified here: ") if self.outcome == NOT_RUN else ""
 
 
 def _gradescope_test(t: TestResult, visibility: str) -> dict:
-    """One test of Gradescope's ``results.json``. A test not run here (``skipped``: it
-    needs a GPU this machine lacks) is neither passed nor failed: no ``status`` and
-    ``max_score`` 0 (Gradescope shows it neutral, not as a failure), its worth in
-    ``extra_data.not_run_points`` and the reason in its output."""
+    """One test of Gradescope's ``results.json``. A test not run here (``not_run``: it
+    needs a GPU this machine lacks, or perf on a model not calibrated) is neither passed
+    nor failed: no ``status`` and ``max_score`` 0 (Gradescope shows it neutral, not as a
+    failure), ``extra_data.status`` ``not_run``, its worth in ``extra_data.not_run_points``
+    and the reason in ``extra_data.not_run_reason`` and its output."""
     entry = {"name": f"{t.part}: {t.name}", "score": t.score, "max_score": t.max_score,
              "output": t.output, "visibility": visibility, "tags": t.tags, "extra_data": {"part": t.part}}
     if not t.runnable:
-        entry.update(max_score=0.0, output=f"not run here, worth {t.max_score:.4g} points: {t.output}")
-        entry["extra_data"]["not_run_points"] = t.max_score
+        entry.update(max_score=0.0, output=f"not run here, worth {t.max_score:.4g} points: {t.not_run_reason}")
+        entry["extra_data"].update(status=NOT_RUN, not_run_points=t.max_score, not_run_reason=t.not_run_reason)
     else:
         entry["status"] = "passed" if t.outcome == "passed" and t.score >= t.max_score - 1e-9 else "failed"
     return entry
@@ -147,7 +163,7 @@ def status_of(result: GradeResult) -> str:
     that ran failed to load the implementation the same way)."""
     if result.stopped:
         return f"timeout: {result.stopped}"
-    ran = [t for t in result.tests if t.outcome != "skipped"]
+    ran = [t for t in result.tests if t.runnable]
     hung = [t for t in ran if t.impl_error == "timeout"]
     if hung:  # a call that hung (or an import): what was graded counts, the status says why the rest did not
         first = hung[0].output.splitlines()[0] if hung[0].output else "a call timed out"

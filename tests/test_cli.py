@@ -45,8 +45,9 @@ def test_grade_reference_gets_full_runnable_marks_with_gradescope_json(toy_cours
         assert ("status" in t) == (t["extra_data"].get("not_run_points") is None)
         assert t.get("status", "passed") in ("passed", "failed")
     gpu = next(t for t in r["tests"] if "test_on_gpu" in t["name"])
-    assert gpu["score"] == gpu["max_score"] == 0 and "skipped" in gpu["tags"] and "needs a CUDA GPU" in gpu["output"]
+    assert gpu["score"] == gpu["max_score"] == 0 and "not_run" in gpu["tags"] and "needs a CUDA GPU" in gpu["output"]
     assert "status" not in gpu and gpu["extra_data"]["not_run_points"] == pytest.approx(1.5)
+    assert gpu["extra_data"]["status"] == "not_run" and gpu["extra_data"]["not_run_reason"].startswith("needs a CUDA")
     speed = next(t for t in r["tests"] if "test_speed" in t["name"])
     assert speed["score"] == pytest.approx(2.0) and "2.000x torch.add" in speed["output"]
     assert r["leaderboard"] == [{"name": "add_vs_torch", "value": 2.0, "order": "asc"}]

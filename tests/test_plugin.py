@@ -19,10 +19,29 @@ def test_stub_fails_with_not_implemented_and_header_names_impl_and_seed(toy_cour
                        "*NotImplementedError: Part A: return x + y*"])
 
 
-def test_solution_passes_and_gpu_test_is_skipped_with_reason(toy_course):
+def test_solution_passes_and_gpu_test_is_not_run_with_reason(toy_course):
+    """Issue 34.6: a test this hardware cannot run is ``not_run`` with its reason, never
+    ``skipped`` (which reads as passed) nor failed."""
     rc, out = run_pytest(toy_course, "labs/07", "--impl", "solution", "-rs")
     assert rc == 0
-    out.fnmatch_lines(["*needs a CUDA GPU*", "*3 passed, 1 skipped*"])
+    out.fnmatch_lines(["*..N.*", "*not run on this hardware*",
+                       "NOT RUN labs/07/test_toy_visible.py::test_on_gpu: needs a CUDA GPU*", "*3 passed, 1 not_run*"])
+    assert "skipped" not in out.str()
+
+
+def test_perf_on_an_uncalibrated_model_is_not_run_and_correctness_still_runs(toy_course, monkeypatch):
+    """Issue 34.6: with ``perf_calibrated_on`` set, a perf test on another model (faked
+    with ``LABS_GPU_MODEL``) is not_run naming the model; the correctness tests run."""
+    yaml_path = toy_course / "labs.yaml"
+    yaml_path.write_text(yaml_path.read_text().replace("labs:\n", "perf_calibrated_on: [NVIDIA H100 80GB HBM3]\nlabs:\n", 1))
+    monkeypatch.setenv("LABS_GPU_MODEL", "NVIDIA L4")
+    rc, out = run_pytest(toy_course, "labs/07", "--impl", "solution")
+    assert rc == 0
+    out.fnmatch_lines(["NOT RUN labs/07/test_toy_visible.py::test_speed: perf thresholds are not calibrated on "
+                       "NVIDIA L4 (labs.yaml perf_calibrated_on: NVIDIA H100 80GB HBM3*", "*2 passed, 2 not_run*"])
+    monkeypatch.setenv("LABS_GPU_MODEL", "NVIDIA H100 80GB HBM3")  # the calibrated model: perf is graded
+    rc, out = run_pytest(toy_course, "labs/07", "--impl", "solution")
+    out.fnmatch_lines(["*3 passed, 1 not_run*"])
 
 
 def test_impl_path_accepts_checkout_and_module_folder(toy_course, tmp_path):

@@ -95,7 +95,7 @@ def test_visible_runs_are_recorded_per_checkout_and_other_impls_and_nested_runs_
     tests = {t["name"]: t for t in run["tests"]}
     assert {n: (t["part"], t["outcome"]) for n, t in tests.items()} == {
         "test_adds": ("A", "passed"), "test_default": ("A", "passed"),
-        "test_on_gpu": ("A", "skipped"), "test_speed": ("B", "passed")}
+        "test_on_gpu": ("A", "not_run"), "test_speed": ("B", "passed")}
     assert all(t["duration_s"] > 0 for t in tests.values())
     assert [(p["metric"], p["ratio"], p["part"]) for p in run["perf"]] == [("add_vs_torch", 2.0, "B")]
     assert abs(run["started"] - time.time()) < 600 and run["seed"] is not None
@@ -389,3 +389,19 @@ def test_plots_show_what_each_run_measured_and_leave_out_empty_panels(toy_course
     seed_history(db, toy_course)
     (lab,) = progress_report.summarize(manifest.load(toy_course), db)["labs"]
     assert progress_report._plot_svg(lab, {}).count('<g id="axes_') == 2
+
+
+def test_progress_counts_tests_not_run_on_this_hardware_apart_from_failures(toy_course, tmp_path):
+    """Issue 34.6: `labs progress` shows a visible test this hardware could not run as
+    not_run, never as a failure."""
+    db = tmp_path / "p.db"
+    root = str(toy_course.resolve())
+    tests = [progress.TestRecord(nodeid=f"labs/07/t.py::t{j}", name=f"t{j}", part="A", outcome=o)
+             for j, o in enumerate(["passed", "passed", "not_run"])]
+    progress.record_runs([progress.RunRecord(course="Toy course", course_root=root, lab="07", kind="visible",
+                                             started=time.time(), tests=tests)], db)
+    r = labs_cli(toy_course, db, "progress", "--json")
+    (lab,) = json.loads(r.output)["labs"]
+    assert lab["visible"]["passed"] == 2 and lab["visible"]["not_run"] == 1
+    r = labs_cli(toy_course, db, "progress")
+    assert "2/3 (1 not_run)" in r.output, r.output

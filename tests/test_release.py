@@ -106,7 +106,7 @@ def test_released_repo_builds_as_a_package(released, tmp_path):
 
 def test_released_cli_has_only_the_student_commands(released):
     """The student repository's `labs` lists test, grade, list, progress, reset and the
-    course server's student side (login, submit, status); no staff command (grade-all,
+    course server's student side (login, submit, status, regrade-request); no staff command (grade-all,
     gradescope, image, nbgrader, new, release, serve, roster, calibrate)."""
     env = {**os.environ, "PYTHONPATH": str(released), "LABS_PROGRESS": "off"}
     env.pop("LABS_COURSE", None)
@@ -115,7 +115,8 @@ def test_released_cli_has_only_the_student_commands(released):
                        cwd=released, env=env, capture_output=True, text=True, timeout=120)
     assert p.returncode == 0, p.stderr[-2000:]
     listed = {line.split()[0] for line in p.stdout.split("Commands:")[1].splitlines() if line.strip()}
-    assert listed == {"grade", "list", "progress", "reset", "test", "login", "submit", "status"}, listed
+    assert listed == {"grade", "list", "progress", "reset", "test", "login", "submit", "status",
+                      "regrade-request"}, listed
 
 
 def test_released_labs_list_and_readme_show_the_points_that_need_a_gpu(released):

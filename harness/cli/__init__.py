@@ -145,7 +145,7 @@ def _one_cause(result: records.GradeResult, path: Path, lab) -> str:
     """Why no test could load the implementation, when each that ran failed the same way
     (``impl_error``): the first message, and for a missing module the near misses in the
     submission (``GQA.py``, ``gqa_solution.py``). Empty otherwise."""
-    ran = [t for t in result.tests if t.outcome != "skipped"]
+    ran = [t for t in result.tests if t.runnable]
     kinds = {t.impl_error for t in ran}
     if not ran or len(kinds) != 1 or (kind := kinds.pop()) not in records.IMPL_ERRORS:
         return ""
@@ -175,7 +175,7 @@ def _print_result(result: records.GradeResult, lab) -> None:
     table.add_column("Result", no_wrap=True)
     table.add_column("Points", justify="right", no_wrap=True)
     table.add_column("Message", overflow="fold", ratio=4)
-    style = {"passed": "green", "failed": "red", "error": "red", "skipped": "yellow", "not run": "red"}
+    style = {"passed": "green", "failed": "red", "error": "red", "not_run": "yellow", "not run": "red"}
     for t in result.tests:
         msg = t.output.splitlines()[0] if t.output else ""  # the headline: it names the bug class
         msg = msg if len(msg) <= MESSAGE_CHARS else msg[:MESSAGE_CHARS - 1] + "…"

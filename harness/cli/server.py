@@ -172,9 +172,11 @@ def account_token(ctx, name, db):
 @click.command("regrade")
 @click.option("--lab", "lab_number", required=True)
 @click.option("--student", default=None, help="only this student's newest submission")
+@click.option("--reason", default="regrade after a grader change", show_default=True,
+              help="why: kept with each new run and shown to staff and students beside the old result")
 @click.option("--db", default=None, help=DB_HELP)
 @click.pass_context
-def regrade_command(ctx, lab_number, student, db):
+def regrade_command(ctx, lab_number, student, reason, db):
     """Queue a regrade of each student's newest submission (after a grader change), on
     the regrade queue: interactive submissions go first. The server publishes them on
     its next start (pool mode) or its dispatchers pick them up (local)."""
@@ -182,7 +184,7 @@ def regrade_command(ctx, lab_number, student, db):
     course = course_of(ctx)
     lab = course.lab(lab_number)
     with _sessions(course, db)() as s:
-        ids = service.regrade(s, lab.number, time.time(), student=student)
+        ids = service.regrade(s, lab.number, time.time(), student=student, reason=reason)
     click.echo(f"{len(ids)} regrade job(s) queued for lab {lab.number}")
 
 
@@ -340,5 +342,136 @@ def gradebook_push(ctx, lab_number, gradebook, db):
 
 
 
+@click.command("similarity")
+@click.argument("submissions", type=click.Path(path_type=Path))
+@click.option("--lab", "lab_number", required=True, help="Lab number, e.g. 04.")
+@click.option("--out", "out_dir", type=click.Path(file_okay=False, path_type=Path), default=None,
+              help="where the report goes: OUT/similarity.html and OUT/similarity.csv "
+                   "(default: .labs-staff/similarity-labNN)")
+@click.option("--threshold", type=float, default=None,
+              help="flag pairs whose score (the larger share of matched code) is at least this (default 0.5)")
+@click.pass_context
+def similarity_command(ctx, submissions, lab_number, out_dir, threshold):
+    """Compare every pair of the lab's modules in SUBMISSIONS/ (grade-all's layout: one
+    folder or archive per student) with copydetect's winnowing fingerprints, the stub
+    and the handout's code snippets as boilerplate; write the ranked pairs with their
+    matched regions side by side (HTML) and a CSV. Staff only."""
+    from ..server import pages, similarity
+    course = course_of(ctx)
+    lab = course.lab(lab_number)
+    threshold = similarity.check_threshold(similarity.THRESHOLD if threshold is None else threshold)
+    sources, skipped = similarity.modules_in(submissions, lab)
+    report = similarity.compare(sources, similarity.boilerplate(course, lab), lab, threshold=threshold,
+                                skipped=skipped)
+    out = course.staff_output(out_dir, f"similarity-lab{lab.number}", "--out")
+    html, table = similarity.write(report, pages.similarity(course, report, standalone=True), out)
+    for who, why in sorted(skipped.items()):
+        click.echo(f"labs: note: {who} not compared: {why}", err=True)
+    click.echo(f"{len(sources)} module(s) of lab {lab.number}, {len(report.pairs)} pair(s), "
+               f"{len(report.flagged)} at or over {threshold:g}")
+    for p in report.pairs[:5]:
+        click.echo(f"  {p.score:.2f}  {p.a} / {p.b}" + ("  flagged" if p.score >= threshold else ""))
+    click.echo(f"report: {html}\ncsv: {table}")
+
+
+@click.command("extend")
+@click.argument("student")
+@click.argument("lab_number", metavar="NN")
+@click.option("--days", required=True, type=float, help="days the student's deadline of lab NN moves (0 removes it)")
+@click.option("--reason", default="", help="kept with the extension")
+@click.option("--db", default=None, help=DB_HELP)
+@click.pass_context
+def extend_command(ctx, student, lab_number, days, reason, db):
+    """Move STUDENT's deadline of lab NN by --days: their submissions of it are that much
+    less late (fewer late days spent, less penalty), and it closes that much later."""
+    from sqlalchemy import select
+
+    from ..server import db as _db, latedays
+    course = course_of(ctx)
+    lab = course.lab(lab_number)
+    with _sessions(course, db)() as s:
+        acc = s.scalar(select(_db.Account).where(_db.Account.name == student, _db.Account.role == "student"))
+        if acc is None:
+            raise LabsError(f"no student account {student!r}", code=ExitCode.USAGE)
+        try:
+            latedays.extend(s, course, acc, lab, days, reason=reason, by=os.environ.get("USER", ""), now=time.time())
+        except ValueError as e:
+            raise LabsError(str(e), code=ExitCode.USAGE) from None
+        left = latedays.standing(s, course, acc)
+    click.echo(f"{student}: lab {lab.number} deadline extended by {days:g} day(s); "
+               f"late days left: {left.left} of {left.budget}")
+
+
+@click.command("regrade-requests")
+@click.option("--all", "everything", is_flag=True, help="answered requests too")
+@click.option("--db", default=None, help=DB_HELP)
+@click.pass_context
+def regrade_requests_command(ctx, everything, db):
+    """The students' regrade requests, oldest first (open ones only without --all)."""
+    from ..server import regrades
+    course = course_of(ctx)
+    with _sessions(course, db)() as s:
+        rows = regrades.queue(s, everything=everything)
+    t = Table(title=f"{len(rows)} regrade request(s)")
+    for col in ("id", "student", "lab", "submission", "reason", "state", "answer"):
+        t.add_column(col)
+    for q in rows:
+        t.add_row(str(q["id"]), escape(q["student"]), q["lab"], q["submission"], escape(q["reason"]), q["state"],
+                  escape(q["answer"]))
+    Console(highlight=False, soft_wrap=True).print(t)
+
+
+@click.command("regrade-answer")
+@click.argument("req_id", metavar="ID", type=int)
+@click.option("--answer", required=True, help="the answer the student reads")
+@click.option("--regrade", is_flag=True, help="also queue the submission again (a new run; the old result stays)")
+@click.option("--db", default=None, help=DB_HELP)
+@click.pass_context
+def regrade_answer_command(ctx, req_id, answer, regrade, db):
+    """Answer regrade request ID (and with --regrade queue the submission again)."""
+    from ..server import regrades, service
+    course = course_of(ctx)
+    with _sessions(course, db)() as s:
+        try:
+            req = regrades.answer(s, req_id, os.environ.get("USER") or "staff", answer, regrade, time.time())
+        except service.Rejected as e:
+            raise LabsError(str(e), code=ExitCode.USAGE) from None
+    click.echo(f"regrade request {req_id} {req.state}" + (f": job {req.job_id} queued" if req.job_id else ""))
+
+
+@click.group("grades")
+def grades_group():
+    """Grades for the course's learning management system."""
+
+
+@grades_group.command("export")
+@click.option("--lab", "lab_number", required=True, help="Lab number, e.g. 04.")
+@click.option("--format", "fmt", required=True, help="canvas (Gradebook import CSV), moodle (grade import CSV) or csv")
+@click.option("--from", "from_dir", type=click.Path(path_type=Path), default=None,
+              help="a `labs grade-all` output folder (default: the course server's newest grades)")
+@click.option("--out", "out_path", type=click.Path(dir_okay=False, path_type=Path), default=None,
+              help="the file to write (default: .labs-staff/grades-labNN-FORMAT.csv)")
+@click.option("--assignment", default=None,
+              help="the LMS column or grade item (default: 'Lab NN: title'; Canvas: 'Name (id)' names an existing one)")
+@click.option("--db", default=None, help=DB_HELP)
+@click.pass_context
+def grades_export(ctx, lab_number, fmt, from_dir, out_path, assignment, db):
+    """Write one lab's grades as the file Canvas or Moodle imports (or a plain CSV),
+    from the server's newest grades (late penalty applied) or a grade-all folder."""
+    from ..server import lms
+    course = course_of(ctx)
+    lab = course.lab(lab_number)
+    lms.check_format(fmt)
+    if from_dir is not None:
+        rows = lms.from_folder(from_dir, lab)
+    else:
+        with _sessions(course, db)() as s:
+            rows = lms.from_server(s, course, lab)
+    out = course.staff_output(out_path, f"grades-lab{lab.number}-{fmt}.csv", "--out")
+    files.write_atomic(out, lms.render(rows, fmt, lab, assignment))
+    click.echo(f"{len(rows)} grade(s) of lab {lab.number} written for {fmt}: {out}")
+
+
 COMMANDS = [serve_command, roster_group, account_group, regrade_command, grant_command, leaderboard_group,
-            calibrate_command, gradebook_push]
+            calibrate_command, gradebook_push, similarity_command,
+            grades_group, extend_command, regrade_requests_command, regrade_answer_command]

@@ -131,7 +131,7 @@ def create_app(course: Course, url: str, *, publish: Publish | None = None, reap
     app = FastAPI(title=f"{course.name}: course server", lifespan=lifespan, docs_url=None, redoc_url=None,
                   openapi_url=None)
     app.state.server, app.state.sessions = server, server.sessions  # the sessions: for scripts and tests
-    app.add_middleware(UploadCap, paths=("/api/submissions", "/api/bridge/submissions"),
+    app.add_middleware(UploadCap, paths=("/api/submissions", "/api/bridge/submissions", "/api/trials"),
                        limit=(course.submissions.max_kb << 10) + (16 << 10))
 
     @app.exception_handler(Rejected)

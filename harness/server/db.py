@@ -79,6 +79,7 @@ class Job(Base):
     started_at: Mapped[float | None] = mapped_column(Float, nullable=True)
     finished_at: Mapped[float | None] = mapped_column(Float, nullable=True)
     error: Mapped[str] = mapped_column(Text, default="")  # why the last attempt failed (infrastructure)
+    reason: Mapped[str] = mapped_column(Text, default="")  # why this run: "" for the submission's own, else a regrade's
     submission: Mapped[Submission] = relationship(back_populates="jobs")
     result: Mapped["Result | None"] = relationship(back_populates="job", uselist=False)
 
@@ -107,6 +108,63 @@ class Result(Base):
     runner: Mapped[str] = mapped_column(String(200), default="")
     invalid_reason: Mapped[str | None] = mapped_column(Text, nullable=True)  # staff: hidden from the leaderboard
     job: Mapped[Job] = relationship(back_populates="result")
+
+
+class Extension(Base):
+    """Staff moved one student's deadline of one lab by ``days`` (``labs extend``); a
+    newer one for the same student and lab replaces the figure, the old rows are kept."""
+
+    __tablename__ = "extensions"
+    id: Mapped[int] = mapped_column(primary_key=True)
+    account_id: Mapped[int] = mapped_column(ForeignKey("accounts.id"), index=True)
+    lab: Mapped[str] = mapped_column(String(2))
+    days: Mapped[float] = mapped_column(Float)
+    reason: Mapped[str] = mapped_column(Text, default="")
+    created_by: Mapped[str] = mapped_column(String(200), default="")
+    created_at: Mapped[float] = mapped_column(Float)
+
+
+REQUEST_STATES = ("open", "answered", "regraded")
+
+
+class RegradeRequest(Base):
+    """A student's request to look at a submission again, and the staff's answer; a
+    regrade it leads to is a new job (``Job.reason`` names the request), never an
+    overwritten result."""
+
+    __tablename__ = "regrade_requests"
+    id: Mapped[int] = mapped_column(primary_key=True)
+    submission_id: Mapped[str] = mapped_column(ForeignKey("submissions.id"), index=True)
+    account_id: Mapped[int] = mapped_column(ForeignKey("accounts.id"), index=True)
+    reason: Mapped[str] = mapped_column(Text)
+    state: Mapped[str] = mapped_column(String(16), default="open", index=True)
+    answer: Mapped[str] = mapped_column(Text, default="")
+    answered_by: Mapped[str] = mapped_column(String(200), default="")
+    created_at: Mapped[float] = mapped_column(Float)
+    answered_at: Mapped[float | None] = mapped_column(Float, nullable=True)
+    job_id: Mapped[int | None] = mapped_column(ForeignKey("jobs.id"), nullable=True)  # the regrade it queued
+    submission: Mapped[Submission] = relationship()
+
+
+class Trial(Base):
+    """A trial run (``labs submit NN --trial``): the lab's visible and performance tests on
+    the grading hardware, never the hidden graders, never a submission (nothing that
+    counts reads this table). Run only when no submission waits; ``result`` is the JSON
+    of what ran (``trialrun.run``)."""
+
+    __tablename__ = "trials"
+    id: Mapped[str] = mapped_column(String(32), primary_key=True)
+    account_id: Mapped[int] = mapped_column(ForeignKey("accounts.id"), index=True)
+    lab: Mapped[str] = mapped_column(String(2))
+    blob: Mapped[bytes] = mapped_column(LargeBinary)
+    state: Mapped[str] = mapped_column(String(16), default="queued", index=True)  # queued, running, done, failed
+    owner: Mapped[str | None] = mapped_column(String(200), nullable=True)
+    created_at: Mapped[float] = mapped_column(Float)
+    started_at: Mapped[float | None] = mapped_column(Float, nullable=True)
+    finished_at: Mapped[float | None] = mapped_column(Float, nullable=True)
+    result: Mapped[str] = mapped_column(Text, default="")
+    error: Mapped[str] = mapped_column(Text, default="")
+    account: Mapped[Account] = relationship()
 
 
 class Bucket(Base):

@@ -19,7 +19,7 @@ from .. import grading
 from ..errors import InfraFailure
 from ..manifest import Course, LabPaths
 from ..plugin import GPU_SKIP_REASON
-from ..records import Graded
+from ..records import NOT_RUN, Graded
 from . import service
 
 
@@ -74,7 +74,7 @@ def gpu_tests_skipped(graded: Graded) -> int:
     all (``plugin.GPU_SKIP_REASON``; a test skipped for another reason, such as needing more
     GPUs than the host has, does not count)."""
     tests = graded.result.tests if graded.result else []
-    return sum(t.outcome == "skipped" and "gpu" in t.tags and GPU_SKIP_REASON in t.output for t in tests)
+    return sum(t.outcome == NOT_RUN and "gpu" in t.tags and GPU_SKIP_REASON in t.output for t in tests)
 
 
 class Heartbeat(threading.Thread):

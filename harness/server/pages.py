@@ -9,6 +9,7 @@ from jinja2 import Environment, PackageLoader, select_autoescape
 
 from ..manifest import Course, Lab
 from .service import utc
+from .similarity import views as similarity_views
 
 ENV = Environment(loader=PackageLoader("harness.server", "templates"), autoescape=select_autoescape(["html"]))
 ENV.filters["utc"] = utc
@@ -44,13 +45,23 @@ def login(course: Course, error: str = "") -> str:
     return _page("login.html", course, staff_link=False, error=error)
 
 
-def student(course: Course, who, submissions: list[dict]) -> str:
-    return _page("student.html", course, who=who, submissions=submissions, staff_link=who.role == "staff")
+def student(course: Course, who, submissions: list[dict], late: dict | None = None, trials: list | None = None) -> str:
+    """``late``: the student's late-day standing (``latedays.Standing.as_dict``), None
+    without a budget; ``trials``: their trial runs (``trials.view``), newest first."""
+    return _page("student.html", course, who=who, submissions=submissions, late=late, trials=trials or [],
+                 staff_link=who.role == "staff")
 
 
-def submission(course: Course, view: dict, *, staff: bool = True) -> str:
-    """``staff``: whether the viewer is staff (the navigation's staff link)."""
-    return _page("submission.html", course, sub=view, lab=course.lab(view["lab"]), staff_link=staff)
+def submission(course: Course, view: dict, *, staff: bool = True, own: bool = True) -> str:
+    """``staff``: whether the viewer is staff (the navigation's staff link); ``own``:
+    whether it is the viewer's own submission (the regrade request form)."""
+    return _page("submission.html", course, sub=view, lab=course.lab(view["lab"]), staff_link=staff, own=own)
+
+
+def staff_regrades(course: Course, requests: list[dict]) -> str:
+    """The regrade requests (``regrades.queue``), open ones with an answer form."""
+    return _page("staff_regrades.html", course, requests=sorted(requests, key=lambda r: (r["state"] != "open",
+                                                                                         r["created_at"])))
 
 
 def staff(course: Course, labs: list[dict], runners: list[dict]) -> str:
@@ -59,6 +70,16 @@ def staff(course: Course, labs: list[dict], runners: list[dict]) -> str:
 
 def staff_lab(course: Course, lab: Lab, submissions: list[dict]) -> str:
     return _page("staff_lab.html", course, lab=lab, submissions=submissions)
+
+
+def similarity(course: Course, report, *, standalone: bool = False) -> str:
+    """A ``similarity.Report`` as a staff page, or (``standalone``) as the self-contained
+    report file ``labs similarity`` writes."""
+    kw = dict(lab=report.lab, pairs=similarity_views(report), count=len(report.sources), skipped=report.skipped,
+              threshold=report.threshold, flagged=len(report.flagged))
+    if standalone:
+        return ENV.get_template("similarity_report.html").render(course=course, **kw)
+    return _page("similarity.html", course, **kw)
 
 
 def leaderboard(course: Course, lab: Lab, rows: list[dict], *, staff: bool) -> str:

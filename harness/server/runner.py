@@ -24,7 +24,7 @@ import torch
 
 from .. import forkserver, manifest
 from ..manifest import Course
-from . import db, jobs, service
+from . import db, jobs, service, trialrun, trials
 
 
 def _smi(*fields: str) -> list[str] | None:
@@ -113,11 +113,27 @@ class Dispatcher:
         self.stop = threading.Event()
 
     def once(self) -> bool:
-        """Grade one job if there is one; False when the queue was empty."""
+        """Grade one job if there is one, else run one trial (``trials``: only when no
+        job waits); False when both queues were empty."""
         job = self.jobs.claim()
         if job is None:
-            return False
+            return self.trial()
         jobs.work(self.jobs, job, self.course, self.host, sandbox=self.sandbox)
+        return True
+
+    def trial(self) -> bool:
+        """Run the oldest queued trial (visible and perf tests only); False when there is none."""
+        with self.jobs.sessions() as s:
+            got = trials.claim(s, self.owner, service.clock())
+            if got is None:
+                return False
+            trial_id, lab, blob = got.id, got.lab, got.blob
+        try:
+            result, error = trialrun.run(self.course, lab, blob, self.host), ""
+        except Exception as e:  # noqa: BLE001 - the trial fails (it does not count against the quota)
+            result, error = None, f"{type(e).__name__}: {e}"
+        with self.jobs.sessions() as s:
+            trials.finish(s, trial_id, result, error, service.clock())
         return True
 
     def run(self) -> None:

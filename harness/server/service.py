@@ -34,6 +34,7 @@ from ..records import Graded
 from ..grading import pack_module  # noqa: F401  (service.pack_module: what `labs submit` uploads)
 from ..errors import LabsError
 from ..manifest import Course, Lab, LabPaths
+from . import latedays
 from .db import QUEUES, ROLES, Account, Bucket, Job, Result, Submission, hash_token
 
 MAX_ATTEMPTS = 3   # infrastructure attempts of one job: the first and at most 2 retries
@@ -204,13 +205,12 @@ def module_of(data: bytes, filename: str, lab: Lab, max_bytes: int) -> grading.M
             raise Rejected(422, f"{filename}: {str(e).replace(tmp, '<upload>')}") from None
 
 
-def late_days(lab: Lab, course: Course, now: float) -> int:
-    """0 when ``now`` is on time for ``lab`` (no deadline, or within the grace); else the
-    started days after the deadline. Raises Rejected(403) past ``late.max_days``."""
-    if lab.deadline is None:
-        return 0
+def late_days(lab: Lab, course: Course, now: float, extra_days: float = 0.0) -> int:
+    """0 when ``now`` is on time for ``lab`` (no deadline, or within the grace and the
+    student's ``extra_days`` of extension); else the started days after it. Raises
+    Rejected(403) past ``late.max_days``."""
     late = course.submissions.late
-    over = now - lab.deadline.timestamp() - late.grace_minutes * 60
+    over = latedays.over_s(course, lab, now, extra_days)
     if over <= 0:
         return 0
     if over > late.max_days * DAY_S:
@@ -271,7 +271,7 @@ def submit(s: Session, course: Course, account: Account, lab_number: str, filena
     cap = course.submissions.max_kb << 10
     if len(data) > cap:
         raise Rejected(413, f"upload is {len(data)} bytes, the limit is {cap} (submissions.max_kb)")
-    days = late_days(lab, course, now)
+    days = late_days(lab, course, now, latedays.extension(s, account.id, lab.number))
     filename = upload_name(filename, lab)
     module = module_of(data, filename, lab, max_bytes=8 * cap)
     fp = module.fingerprint
@@ -294,17 +294,19 @@ def submit(s: Session, course: Course, account: Account, lab_number: str, filena
     return Accepted(sub, job, duplicate=False)
 
 
-def regrade(s: Session, lab: str, now: float, *, student: str | None = None) -> list[int]:
+def regrade(s: Session, lab: str, now: float, *, student: str | None = None,
+            reason: str = "regrade after a grader change") -> list[int]:
     """Queue a regrade (the ``regrade`` queue, behind every interactive job) of each
     student's newest submission of ``lab`` (or of ``student``'s only): after a grader
-    change. Returns the new job ids."""
+    change; ``reason`` is kept with each new job (the old results stay). Returns the new job ids."""
     q = select(Submission).where(Submission.lab == lab)
     if student:
         q = q.join(Account).where(Account.name == student)
     newest: dict[int, Submission] = {}
     for sub in s.scalars(q.order_by(Submission.created_at)):
         newest[sub.account_id] = sub
-    jobs = [Job(submission=sub, queue="regrade", state="queued", created_at=now) for sub in newest.values()]
+    jobs = [Job(submission=sub, queue="regrade", state="queued", created_at=now, reason=reason)
+            for sub in newest.values()]
     s.add_all(jobs)
     s.commit()
     return [j.id for j in jobs]
@@ -359,8 +361,9 @@ class Outcome:
 
 
 def late_factor(course: Course, sub: Submission) -> float:
-    """What a late submission's score is multiplied by (1.0 on time, or without a penalty)."""
-    return max(0.0, 1.0 - course.submissions.late.penalty_per_day * sub.late_days)
+    """What a late submission's score is multiplied by (1.0 on time, covered by the
+    late-day budget, or without a penalty): ``latedays.factor``."""
+    return latedays.factor(course, sub)
 
 
 def complete(s: Session, job_id: int, owner: str, outcome: Outcome, now: float, course: Course) -> bool:
@@ -487,13 +490,15 @@ def policy_line(course: Course, lab: Lab, account: Account, now: float) -> str:
 def results_json(course: Course, result: Result) -> dict:
     """Gradescope's ``results.json`` of a stored result (an export of its record: what
     the Gradescope bridge hands back), with the score stored: after the late penalty
-    (``raw_score``, ``late_days``, ``late_factor`` say so)."""
+    (``raw_score``, the charged ``late_days``, ``late_factor`` say so), computed now: an
+    extension or the late-day budget granted later counts."""
     sub = result.job.submission
     res = Graded.from_json(json.loads(result.data)).to_gradescope(student=sub.account.name,
                                                                   fingerprint=sub.fingerprint)
-    if res["score"] is not None and res["score"] != result.score:
-        res["extra_data"].update(raw_score=res["score"], late_days=sub.late_days, late_factor=late_factor(course, sub))
-        res["score"] = result.score
+    factor = late_factor(course, sub) if res["score"] is not None else 1.0
+    if factor != 1.0:
+        res["extra_data"].update(raw_score=res["score"], late_days=latedays.charged(course, sub), late_factor=factor)
+        res["score"] = round(res["score"] * factor, 4)
     return res
 
 
@@ -501,7 +506,7 @@ def result_view(course: Course, result: Result, show_tests: bool) -> dict:
     """A stored result as a student or staff member reads it: score, parts, status,
     and the per-test table when ``show_tests``."""
     data = results_json(course, result)
-    view = {"score": result.score, "max_score": result.max_score, "max_score_runnable": result.max_runnable,
+    view = {"score": data["score"], "max_score": result.max_score, "max_score_runnable": result.max_runnable,
             "status": result.status, "kind": result.kind, "gpu_model": result.gpu_model,
             "perf_ratio": result.perf_ratio, "graded_at": result.graded_at, "duration_s": result.duration_s,
             "parts": records.part_scores(data), "output": data.get("output", ""),
@@ -510,8 +515,10 @@ def result_view(course: Course, result: Result, show_tests: bool) -> dict:
             "not_run_points": round(sum((t.get("extra_data") or {}).get("not_run_points", 0.0)
                                         for t in data.get("tests", [])), 4)}
     if show_tests:
-        view["tests"] = [{k: t.get(k) for k in ("name", "score", "max_score", "status", "output")}
-                         for t in data.get("tests", [])]
+        view["tests"] = [{**{k: t.get(k) for k in ("name", "score", "max_score", "status", "output")},
+                          **{k: v for k, v in (t.get("extra_data") or {}).items() if k.startswith("not_run")},
+                          "status": t.get("status") or (t.get("extra_data") or {}).get("status")}
+                         for t in data.get("tests", [])]  # not_run: this hardware could not run it, and why
     return view
 
 
@@ -526,6 +533,8 @@ def submission_view(s: Session, course: Course, sub: Submission, viewer: Account
     if done:
         view["result"] = result_view(course, done[-1].result, hidden_visible(course, lab, viewer, now))
         view["policy"] = policy_line(course, lab, viewer, now)
+    if course.late_days.budget:
+        view["late_budget"] = latedays.standing(s, course, sub.account).as_dict()
     return view
 
 

@@ -5,6 +5,6 @@ hosts: claim, renew, complete, fail), ``bridge`` (the Gradescope autograder), ``
 ``ROUTERS`` is the list ``create_app`` includes, in that order."""
 from __future__ import annotations
 
-from . import bridge, pages, runner, staff, submissions
+from . import bridge, pages, runner, staff, submissions, trials
 
-ROUTERS = [submissions.router, runner.router, bridge.router, staff.router, pages.router]
+ROUTERS = [submissions.router, trials.router, runner.router, bridge.router, staff.router, pages.router]

@@ -7,9 +7,9 @@ from fastapi import APIRouter, Form
 from fastapi.responses import HTMLResponse, RedirectResponse
 from sqlalchemy import select
 
-from .. import pages, service
+from .. import latedays, pages, regrades, service, similarity, trials
 from ..db import Submission
-from ..deps import COOKIE, CourseDep, Now, SessionDep, Staff, Student, own
+from ..deps import COOKIE, CourseDep, Now, ServerDep, SessionDep, Staff, Student, own
 from ..service import Rejected
 
 router = APIRouter()
@@ -45,13 +45,41 @@ def login(course: CourseDep, s: SessionDep, token: str = Form(...)):
 def me(course: CourseDep, s: SessionDep, who: Student, now: Now):
     subs = s.scalars(select(Submission).where(Submission.account_id == who.id)
                      .order_by(Submission.created_at.desc())).all()
-    return pages.student(course, who, [service.submission_view(s, course, x, who, now) for x in subs])
+    late = latedays.standing(s, course, who).as_dict() if course.late_days.budget else None
+    return pages.student(course, who, [service.submission_view(s, course, x, who, now) for x in subs], late,
+                         [trials.view(s, course, t) for t in trials.of(s, who)])
 
 
 @router.get("/submissions/{sub_id}", response_class=HTMLResponse)
 def submission_page(sub_id: str, course: CourseDep, s: SessionDep, who: Student, now: Now):
-    return pages.submission(course, service.submission_view(s, course, own(s, who, sub_id), who, now),
-                            staff=who.role == "staff")
+    return pages.submission(course, regrades.full_view(s, course, own(s, who, sub_id), who, now),
+                            staff=who.role == "staff", own=own(s, who, sub_id).account_id == who.id)
+
+
+@router.post("/submissions/{sub_id}/regrade-request")
+def ask_regrade_form(sub_id: str, s: SessionDep, who: Student, now: Now, reason: str = Form("")):
+    """The submission page's form: ask for a regrade, back to the page."""
+    sub = own(s, who, sub_id)
+    if sub.account_id != who.id:
+        raise Rejected(403, "only the student who submitted it can ask for a regrade")
+    regrades.ask(s, sub, who, reason, now)
+    return RedirectResponse(f"/submissions/{sub.id}", 303)
+
+
+@router.get("/staff/regrades", response_class=HTMLResponse)
+def staff_regrades_page(course: CourseDep, s: SessionDep, _: Staff):
+    """Staff: the regrade requests, open first, each with its answer form."""
+    return pages.staff_regrades(course, regrades.queue(s, everything=True))
+
+
+@router.post("/staff/regrade-requests/{req_id}")
+def answer_form(req_id: int, srv: ServerDep, s: SessionDep, who: Staff, now: Now, answer: str = Form(""),
+                regrade: str | None = Form(None)):
+    """The staff page's form: answer (and regrade when ticked), back to the queue."""
+    req = regrades.answer(s, req_id, who.name, answer, regrade is not None, now)
+    if req.job_id is not None:
+        srv.publish_job(s, req.job_id)
+    return RedirectResponse("/staff/regrades", 303)
 
 
 @router.get("/staff", response_class=HTMLResponse)
@@ -65,6 +93,18 @@ def staff_lab_page(lab: str, course: CourseDep, s: SessionDep, who: Staff, now: 
     if lab not in course.labs:
         raise Rejected(404, f"no lab {lab!r}")
     return pages.staff_lab(course, course.labs[lab], service.lab_submissions(s, course, lab, who, now))
+
+
+@router.get("/staff/labs/{lab}/similarity", response_class=HTMLResponse)
+def similarity_page(lab: str, course: CourseDep, s: SessionDep, _: Staff, threshold: float | None = None):
+    """Staff: the similarity report over each student's newest submission of ``lab``."""
+    if lab not in course.labs:
+        raise Rejected(404, f"no lab {lab!r}")
+    threshold = similarity.THRESHOLD if threshold is None else threshold
+    if not 0 < threshold <= 1:
+        raise Rejected(422, f"threshold {threshold!r} is not a share of matched code in (0, 1]")
+    return pages.similarity(course, similarity.compare(similarity.newest_modules(s, lab), similarity.boilerplate(
+        course, course.labs[lab]), course.labs[lab], threshold=threshold))
 
 
 @router.get("/leaderboard/{lab}", response_class=HTMLResponse)

@@ -2,9 +2,10 @@
 from __future__ import annotations
 
 from fastapi import APIRouter, File, Form, UploadFile
+from pydantic import BaseModel
 from sqlalchemy import select
 
-from .. import service
+from .. import regrades, service
 from ..db import Account, Submission
 from ..deps import CourseDep, Now, ServerDep, SessionDep, Student, own
 from ..service import Rejected
@@ -40,8 +41,22 @@ def list_submissions(course: CourseDep, s: SessionDep, who: Student, now: Now, l
 
 @router.get("/submissions/{sub_id}")
 def get_submission(sub_id: str, course: CourseDep, s: SessionDep, who: Student, now: Now):
-    """One submission of the caller's: state, queue position, ETA, result."""
-    return service.submission_view(s, course, own(s, who, sub_id), who, now)
+    """One submission of the caller's: state, queue position, ETA, result, every run and
+    the regrade requests (``regrades.full_view``)."""
+    return regrades.full_view(s, course, own(s, who, sub_id), who, now)
+
+
+class Ask(BaseModel):
+    reason: str
+
+
+@router.post("/submissions/{sub_id}/regrade-requests", status_code=201)
+def ask_regrade(sub_id: str, body: Ask, s: SessionDep, who: Student, now: Now):
+    """The caller asks for their graded submission to be regraded, with a reason."""
+    sub = own(s, who, sub_id)
+    if sub.account_id != who.id:
+        raise Rejected(403, "only the student who submitted it can ask for a regrade")
+    return regrades.request_view(regrades.ask(s, sub, who, body.reason, now))
 
 
 @router.get("/leaderboard/{lab}")
