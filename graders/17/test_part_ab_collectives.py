@@ -493,6 +493,14 @@ def test_tree_reduce_fan_in_and_height(W, impl, seed):
 
 # ============================================================================= Part B: the hierarchy
 
+def size_and_rank(group):
+    """[size, this rank's rank] of a ProcessGroup handle, or a note where it is not one of this rank's groups."""
+    try:
+        return [group.size(), group.rank()]
+    except Exception as e:  # noqa: BLE001 - e.g. GroupMember.NON_GROUP_MEMBER: the rank is not in it
+        return f"not a group of this rank ({type(e).__name__})"
+
+
 def body_hier(rk, seed, specs, cases):
     """For each (L, ranks): make_hierarchy, its attributes, then hierarchical_all_reduce on each case."""
     out = []
@@ -502,8 +510,8 @@ def body_hier(rk, seed, specs, cases):
             out.append(None)
             continue
         attrs = {k: getattr(h, k) for k in ("ranks", "local_size", "num_nodes", "rank", "node", "local_rank")}
-        attrs["intra"] = [h.intra_group.size(), h.intra_group.rank()]
-        attrs["inter"] = [h.inter_group.size(), h.inter_group.rank()]
+        attrs["intra"] = size_and_rank(h.intra_group)
+        attrs["inter"] = size_and_rank(h.inter_group)
         got = []
         for n, dtype, op, kind in cases:
             x = make_input(seed, rk.rank, n, dtype, kind)

@@ -67,8 +67,12 @@ def check_time(impl, alg, n, P, L, lk, what):
                              f"the closed form gives {want!r}")
 
 
+MUST = [(5, 5), (10, 2), (18, 6), (16, 16), (32, 8), (20, 1)]   # one node; folds intra and inter; aligned rounds
+
+
 def cases(gen, pick):
-    out = []
+    """Random (P, L) with ``pick``, after the MUST cases it admits (each placement rule is exercised)."""
+    out = [(_ri(gen, 1, 1 << 28), P, L, links(gen)) for P, L in MUST if pick(P, L)]
     while len(out) < 12:
         P = _ri(gen, 2, 32)
         divs = [L for L in range(1, P + 1) if P % L == 0]

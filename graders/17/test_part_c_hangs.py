@@ -307,7 +307,7 @@ def designed(rule):
         return [doc(r, 4, [entry("0", range(4), 1, op="broadcast" if r == 1 else "all_reduce", state="started")])
                 for r in range(4)]
     if rule == "tie":          # 2-2 tie: the value of the lowest rank (0) is the reference
-        return [doc(r, 4, [entry("0", range(4), 1, size=8 if r in (1, 2) else 4, state="started")]) for r in range(4)]
+        return [doc(r, 4, [entry("0", range(4), 1, size=8 if r in (2, 3) else 4, state="started")]) for r in range(4)]
     if rule == "dtype":
         return [doc(r, 3, [entry("0", range(3), 1, dtype="bfloat16" if r == 0 else "float32", state="started")])
                 for r in range(3)]
