@@ -61,9 +61,15 @@ def bits(t):
     return t.view({1: torch.int8, 2: torch.int16, 4: torch.int32, 8: torch.int64}[t.element_size()])
 
 
+P2P_OPS = {"send", "recv_", "recv_any_source_", "barrier"}   # dispatcher ops that are no data collective
+
+
 def no_collective(comm, case):
-    if comm["forbidden"] or comm["collectives"]:
-        names = sorted(set(comm["forbidden"]) | set(comm["collectives"]))
+    """No collective, however reached: the counter's functions and methods, or any collective dispatcher
+    op (c10d's and the functional collectives', ``c10d`` events) but a barrier."""
+    ops = {e.get("op") for e in comm.get("events", []) if e.get("k") == "c10d"} - P2P_OPS
+    if comm["forbidden"] or comm["collectives"] or ops:
+        names = sorted(set(comm["forbidden"]) | set(comm["collectives"]) | {str(o) for o in ops})
         raise AssertionError(f"called a collective ({', '.join(names)}) ({case}): the contract allows only "
                              "send/recv/isend/irecv/batch_isend_irecv")
 
@@ -93,6 +99,7 @@ def body_calls(rk, fn_name, seed, cases):
         if op is not None:
             kwargs["op"] = op
         c = rk.call(getattr(rk.impl, fn_name), x, forbid_collectives=DATA_COLLECTIVES, **kwargs)
+        no_collective(c.comm, f"{fn_name}, W={rk.world_size}, N={n}, rank {rk.rank}")
         out.append({"got": c.args[0], "same": c.same[0] and c.out is not None, "comm": c.comm})
     return out
 
@@ -181,6 +188,7 @@ def body_view(rk, fn_name, seed, rows, cols, extra):
     view = base[:, 1::2]
     view.copy_(make_input(seed, rk.rank, rows * cols, "fp32").view(rows, cols))
     c = rk.call(getattr(rk.impl, fn_name), View(base, view), forbid_collectives=DATA_COLLECTIVES, **extra)
+    no_collective(c.comm, f"{fn_name}, W={rk.world_size}, rank {rk.rank}")
     return {"base": c.args[0], "same": c.same[0]}
 
 
@@ -309,6 +317,7 @@ def body_bcast(rk, seed, cases):
     for n, dtype, src in cases:
         x = make_input(seed, rk.rank, n, dtype)
         c = rk.call(rk.impl.tree_broadcast, x, src=src, forbid_collectives=DATA_COLLECTIVES)
+        no_collective(c.comm, f"tree_broadcast, W={rk.world_size}, N={n}, rank {rk.rank}")
         out.append({"got": c.args[0], "comm": c.comm})
     return out
 
@@ -341,6 +350,7 @@ def body_reduce(rk, seed, cases):
     for n, dtype, dst, op, kind in cases:
         x = make_input(seed, rk.rank, n, dtype, kind)
         c = rk.call(rk.impl.tree_reduce, x, dst=dst, op=op, forbid_collectives=DATA_COLLECTIVES)
+        no_collective(c.comm, f"tree_reduce, W={rk.world_size}, N={n}, rank {rk.rank}")
         out.append({"got": c.args[0], "comm": c.comm})
     return out
 
@@ -516,6 +526,7 @@ def body_hier(rk, seed, specs, cases):
         for n, dtype, op, kind in cases:
             x = make_input(seed, rk.rank, n, dtype, kind)
             c = rk.call(rk.impl.hierarchical_all_reduce, x, h, op=op, forbid_collectives=DATA_COLLECTIVES)
+            no_collective(c.comm, f"hierarchical_all_reduce, W={rk.world_size}, L={L}, N={n}, rank {rk.rank}")
             got.append({"got": c.args[0], "comm": c.comm, "same": c.same[0]})
         out.append({"attrs": attrs, "got": got})
     rk.new_groups([list(range(rk.world_size))])  # a barrier: rank 0 serves the store until every rank is done
