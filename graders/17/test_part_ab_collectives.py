@@ -118,7 +118,7 @@ def hd_cases(W):
 
 
 @pytest.mark.part("A")
-@pytest.mark.points(3)
+@pytest.mark.points(1)
 @pytest.mark.parametrize("W", [1, 2, 3, 4, 5, 6, 7, 8], ids=lambda w: f"W{w}")
 def test_hd_all_reduce_values(W, impl, seed):
     """sum and max of float32/float64/int32/int64 on every rank, for N below, around and above W."""
@@ -174,7 +174,7 @@ def check_rounded_once(res, seed, W, cases, what):
 
 
 @pytest.mark.part("A")
-@pytest.mark.points(2)
+@pytest.mark.points(1)
 @pytest.mark.parametrize("W", [3, 4], ids=lambda w: f"W{w}")
 def test_hd_all_reduce_half_precision_rounds_once(W, impl, seed):
     cases = [(n, dt, op, "exact", {}) for n in (W + 1, 37) for dt in ("fp16", "bf16") for op in ("sum", "avg")]
@@ -210,7 +210,7 @@ def check_view(res, seed, W, rows, cols, want_of, what):
 
 
 @pytest.mark.part("A")
-@pytest.mark.points(1)
+@pytest.mark.points(2)
 def test_hd_all_reduce_writes_through_views(impl, seed):
     W, rows, cols = 3, 5, 3
     res = run_ranks(body_view, W, "hd_all_reduce", seed, rows, cols, {}, impl=impl, timeout=T)
@@ -219,7 +219,7 @@ def test_hd_all_reduce_writes_through_views(impl, seed):
 
 
 @pytest.mark.part("A")
-@pytest.mark.points(2)
+@pytest.mark.points(1)
 @pytest.mark.parametrize("W", [5, 8], ids=lambda w: f"W{w}")
 def test_hd_all_reduce_identical_bits_on_every_rank(W, impl, seed):
     cases = [(n, "fp32", "sum", "randn", {}) for n in (4 * W + 3, 97)]
@@ -271,7 +271,7 @@ def test_hd_all_reduce_argument_errors(impl):
 
 
 @pytest.mark.part("A")
-@pytest.mark.points(4)
+@pytest.mark.points(2)
 @pytest.mark.parametrize("W", [3, 4, 6, 8], ids=lambda w: f"W{w}")
 def test_hd_all_reduce_messages_and_elements_per_rank(W, impl, seed):
     """Per rank: <= 2 log2 p (+1 folded) messages, <= 2 (p-1) ceil(N/p) (+N folded) elements, each of
@@ -464,7 +464,7 @@ def check_tree(W, root, n, comm, fan, single, what, case):
 
 
 @pytest.mark.part("A")
-@pytest.mark.points(2)
+@pytest.mark.points(1)
 @pytest.mark.parametrize("W", [5, 8], ids=lambda w: f"W{w}")
 def test_tree_broadcast_fan_out_and_height(W, impl, seed):
     cases = [(3 * W + 1, "fp32", root_of(seed, W, 3)), (10, "fp16", root_of(seed, W, 4))]
@@ -484,7 +484,7 @@ def test_tree_broadcast_fan_out_and_height(W, impl, seed):
 
 
 @pytest.mark.part("A")
-@pytest.mark.points(2)
+@pytest.mark.points(1)
 @pytest.mark.parametrize("W", [6, 8], ids=lambda w: f"W{w}")
 def test_tree_reduce_fan_in_and_height(W, impl, seed):
     cases = [(2 * W + 3, "fp32", root_of(seed, W, 5), "sum", "randn")]
@@ -608,7 +608,7 @@ def hier_check(res, seed, W, specs, cases, what_extra=None):
 
 
 @pytest.mark.part("B")
-@pytest.mark.points(6)
+@pytest.mark.points(1)
 @pytest.mark.parametrize("W", [1, 2, 3, 4, 5, 6, 7, 8], ids=lambda w: f"W{w}")
 def test_hierarchical_all_reduce_values_for_every_local_size(W, impl, seed):
     cases = [(1, "int64", "max", "randn"), (W + 2, "fp32", "sum", "randn"), (29, "fp64", "sum", "randn")]
@@ -659,7 +659,7 @@ def test_hierarchical_all_reduce_identical_bits_and_views(impl, seed):
 
 
 @pytest.mark.part("B")
-@pytest.mark.points(3)
+@pytest.mark.points(1)
 @pytest.mark.parametrize("W,L", [(6, 3), (8, 2), (8, 4)], ids=lambda v: str(v))
 def test_hierarchical_all_reduce_elements_per_rank(W, L, impl, seed):
     """Per rank: <= 2 (L-1) ceil(N/L) + 2 (n-1) ceil(ceil(N/L)/n) elements, each of at most

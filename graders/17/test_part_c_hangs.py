@@ -213,7 +213,7 @@ def known_results(groups, s, rank):
 
 
 @pytest.mark.part("C")
-@pytest.mark.points(4)
+@pytest.mark.points(3)
 def test_recorder_entries_of_a_completed_program(impl, seed):
     W = 4
     groups, steps = complete_program(W)
@@ -280,7 +280,7 @@ def hang_case(kind, W=4):
 
 
 @pytest.mark.part("C")
-@pytest.mark.points(5)
+@pytest.mark.points(2)
 @pytest.mark.parametrize("kind", ["skip", "size", "pair"])
 def test_recorder_real_hang_dumps_name_the_culprit(kind, impl, seed):
     W = 4
