@@ -7,6 +7,7 @@ a counter of the messages and elements it sends, with every collective forbidden
 """
 import math
 
+import pytest
 import torch
 
 from harness.toolkit import DATA_COLLECTIVES, run_ranks
@@ -26,6 +27,7 @@ def body_call(rk, fn, n, kwargs):
     return {"t": c.args[0], "comm": c.comm}
 
 
+@pytest.mark.part("A")
 def test_hd_all_reduce_sum_and_cost(impl):
     W, n = 4, 10
     res = run_ranks(body_call, W, "hd_all_reduce", n, {}, impl=impl, timeout=20)
@@ -35,6 +37,7 @@ def test_hd_all_reduce_sum_and_cost(impl):
         assert res[r]["comm"]["sent_msgs"] <= 4 and res[r]["comm"]["sent_elems"] <= 18, res[r]["comm"]
 
 
+@pytest.mark.part("A")
 def test_tree_broadcast_from_src_1(impl):
     W, n = 3, 6
     res = run_ranks(body_call, W, "tree_broadcast", n, {"src": 1}, impl=impl, timeout=20)
@@ -43,6 +46,7 @@ def test_tree_broadcast_from_src_1(impl):
         assert res[r]["comm"]["recv_msgs"] == (0 if r == 1 else 1)
 
 
+@pytest.mark.part("A")
 def test_tree_reduce_to_dst_2_leaves_the_others(impl):
     W, n = 3, 4
     res = run_ranks(body_call, W, "tree_reduce", n, {"dst": 2}, impl=impl, timeout=20)
@@ -57,6 +61,7 @@ def body_hier(rk, L, n):
     return {"t": c.args[0], "node": h.node, "local_rank": h.local_rank}
 
 
+@pytest.mark.part("B")
 def test_hierarchical_all_reduce_two_nodes_of_two(impl):
     W, L, n = 4, 2, 10
     res = run_ranks(body_hier, W, L, n, impl=impl, timeout=20)
@@ -65,6 +70,7 @@ def test_hierarchical_all_reduce_two_nodes_of_two(impl):
         assert torch.allclose(res[r]["t"].double(), summed(W, n)), f"rank {r}: {res[r]['t']}"
 
 
+@pytest.mark.part("B")
 def test_cost_model_worked_example(impl):
     # the handout's example: P = 8 ranks, L = 4 per node, 64 MiB
     link = dict(alpha_intra=2e-6, beta_intra=1 / 150e9, alpha_inter=10e-6, beta_inter=1 / 25e9)
@@ -75,6 +81,7 @@ def test_cost_model_worked_example(impl):
     assert impl.choose_allreduce(n, 8, 1, *link.values()) in ("ring", "halving_doubling")
 
 
+@pytest.mark.part("C")
 def test_diagnose_names_the_rank_that_stopped(impl):
     def e(seq, state="completed"):
         return {"pg_name": "0", "pg_ranks": [0, 1], "collective_seq_id": seq, "op": "all_reduce",
@@ -92,6 +99,7 @@ def body_program(rk):
     return rk.impl.run_collectives(groups, steps, "/tmp/lab17-visible", 2.0)
 
 
+@pytest.mark.part("C")
 def test_flight_recorder_records_one_all_reduce(impl):
     res = run_ranks(body_program, 2, impl=impl, timeout=20)
     for r in range(2):
