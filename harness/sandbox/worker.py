@@ -196,7 +196,8 @@ class Worker:
         self.groups = cgroups.WorkerGroups.make(self.cfg.servers, pids=self.cfg.nproc,
                                                 memory_bytes=(self.cfg.memory_mb + 1024) * (self.cfg.servers + 1) << 20)
         try:  # a fork of the warm template (harness.sandbox.zygote): torch is imported already
-            self.proc = zygote.spawn(workdir=self.workdir, env=isolation.scrubbed_env(self.workdir),
+            env = zygote.launcher_env(isolation.scrubbed_env(self.workdir))
+            self.proc = zygote.spawn(workdir=self.workdir, env=env,
                                      cgroup_procs=self.groups.launcher.procs_files() if self.groups else [],
                                      ctl=ctl_child.fileno(), log=self._log.fileno())
         except OSError as e:

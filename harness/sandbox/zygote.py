@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import glob
 import json
 import os
 import select
@@ -50,7 +51,20 @@ CLONE_NEWNS, CLONE_NEWCGROUP, CLONE_NEWUTS, CLONE_NEWIPC = 0x00020000, 0x0200000
 CLONE_NEWUSER, CLONE_NEWPID, CLONE_NEWNET = 0x10000000, 0x20000000, 0x40000000
 MS_REC, MS_PRIVATE = 16384, 1 << 18
 PR_SET_PDEATHSIG = 1
+_IMPORTED_WITH: dict = {}  # the zygote's values of IMPORT_ENV when it imported torch and Triton
 WARM = ("torch", "torch.distributed", "torch._dynamo", "torch.utils.flop_counter", "triton.runtime.jit")
+# what torch and Triton read when they are imported (Triton decorates its own library for its
+# interpreter or not): a launcher whose environment differs here is a fresh Python, not a fork
+IMPORT_ENV = ("TRITON_INTERPRET", "OMP_NUM_THREADS", "MKL_NUM_THREADS", "CUDA_VISIBLE_DEVICES", "LD_LIBRARY_PATH",
+              "CUDA_HOME")
+
+
+def launcher_env(env: dict) -> dict:
+    """``env`` (a scrubbed environment) as a launcher and the zygote get it: where the host has no
+    NVIDIA device, Triton can only run under its interpreter, so ``TRITON_INTERPRET=1`` unless set."""
+    if "TRITON_INTERPRET" not in env and not glob.glob("/dev/nvidia[0-9]*"):
+        env = {**env, "TRITON_INTERPRET": "1"}
+    return env
 
 
 # --- the zygote (its own process) --------------------------------------------------------------
@@ -59,6 +73,7 @@ def serve(path: str) -> None:
     """Import what a launcher imports, listen on ``path``, fork a launcher per request; return
     when stdin closes (the starter exited)."""
     import importlib
+    _IMPORTED_WITH.update({k: os.environ.get(k) for k in IMPORT_ENV})
     ctypes.CDLL(None).mallopt(-8, 1)  # one malloc arena, as the launcher sets (see server.main)
     for name in WARM:  # what server.main imports (Triton where it is installed)
         with contextlib.suppress(ImportError):
@@ -131,6 +146,7 @@ def _launch(request: dict, ctl: int, log: int) -> int:
     os.environ.clear()
     os.environ.update(request["env"])
     sys.argv[1:] = []
+    fresh = any(request["env"].get(k) != _IMPORTED_WITH.get(k) for k in IMPORT_ENV)
     libc = ctypes.CDLL(None, use_errno=True)
     mode = request["namespaces"]  # "", "root" or "user"
     if mode:
@@ -152,6 +168,9 @@ def _launch(request: dict, ctl: int, log: int) -> int:
                 os.close(fd)
             return os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]) & 0xFF
         libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    if fresh:  # what was imported here does not fit this environment: a fresh Python, as before the zygote
+        boot = f"import sys; sys.path.insert(0, {sys.path[0]!r}); from harness.sandbox.server import main; main()"
+        os.execv(sys.executable, [sys.executable, "-I", "-c", boot])
     server.main()
     return 0
 
@@ -214,7 +233,8 @@ def start() -> None:
         boot = (f"import sys; sys.path.insert(0, {lib!r}); "
                 f"from harness.sandbox.zygote import serve; serve({path!r})")
         proc = subprocess.Popen([sys.executable, "-I", "-c", boot], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                cwd=home, env=isolation.scrubbed_env(home), close_fds=True, start_new_session=True)
+                                cwd=home, env=launcher_env(isolation.scrubbed_env(home)), close_fds=True,
+                                start_new_session=True)
         if proc.stdout.readline() != b"ready\n":
             proc.kill()
             raise OSError(f"the sandbox's zygote did not start (exit {proc.wait()})")
