@@ -5,11 +5,12 @@ from __future__ import annotations
 import os
 import socket
 import textwrap
+from pathlib import Path
 
 import pytest
 import torch
 
-from harness.sandbox import calls, isolation, wire
+from harness.sandbox import calls, isolation, wire, zygote
 from harness.sandbox import worker as sandbox
 from harness.sandbox.calls import gradcheck, is_instance, measure, resident_bytes, restart, vjp
 from harness.sandbox.wire import WireError, dumps, loads
@@ -330,6 +331,24 @@ def test_import_failures_are_reported_once(tmp_path):
         with pytest.raises(SandboxError, match="importing bad.py failed"):
             sb.ensure()
     sb.close()
+
+
+def test_no_state_reaches_the_next_worker_through_the_zygote(tmp_path):
+    """Every launcher is a fork of one warm zygote (``harness.sandbox.zygote``): what a submission
+    changes in torch, its module's globals or the interpreter stays in its own worker."""
+    dirty = ("import builtins, torch, torch.nn.functional as F\n"
+             "torch.set_default_dtype(torch.float64)\nF.softmax = lambda *a, **k: 'PWNED'\nbuiltins.LEFT = 1\n")
+    probe = ("import builtins, torch, torch.nn.functional as F\n"
+             "def state():\n    return [str(torch.get_default_dtype()), F.softmax.__name__, hasattr(builtins, 'LEFT')]\n")
+    parents = []
+    for name, source in (("dirty.py", dirty), ("probe.py", probe)):
+        sb = sandbox.Sandbox(sandbox.WorkerConfig(module_source=source, module_filename=name), tmp_path / name)
+        stat = Path(f"/proc/{sb.ensure().proc.pid}/stat").read_text()
+        parents.append(int(stat[stat.rindex(")") + 2:].split()[1]))
+        if name == "probe.py":
+            assert sandbox.RemoteModule(sb, tmp_path / name, "probe").state() == ["torch.float32", "softmax", False]
+        sb.close()
+    assert parents == [zygote._ZYGOTE[0].pid] * 2, "each launcher is a child of the one zygote"
 
 
 # --- the same helpers in-process (--sandbox none) ------------------------------------------------
