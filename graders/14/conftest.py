@@ -192,13 +192,34 @@ def worker_ns(impl):
                   {"src": WORKER_SRC})
 
 
-def joint_probs(tables, prompt, new, temperature, top_k, top_p) -> dict:
-    """Exact float64 probability of every continuation of ``new`` tokens, sampling the target step by step."""
+def processed(impl, logits: torch.Tensor, temperature, top_k, top_p) -> torch.Tensor:
+    """The distributions ``logits (n, V)`` give under the SUBMISSION's own ``logits_to_probs`` (the contract's
+    "sampling the target step by step with logits_to_probs"), so that a Part A bug in it costs no Part B point;
+    the graders' oracle where it raises or returns no distribution (a stub, a malformed answer)."""
+    want = oracle_probs(logits, temperature, top_k, top_p)
+    try:
+        got = impl.logits_to_probs(logits, temperature=temperature, top_k=top_k, top_p=top_p)
+    except Exception:  # noqa: BLE001 - graded in Part A; here the oracle stands in
+        return want
+    if not isinstance(got, torch.Tensor) or got.shape != want.shape or not bool(torch.isfinite(got).all()) \
+            or bool((got < 0).any()) or bool(((got.double().sum(-1) - 1).abs() > 1e-6).any()):
+        return want
+    return got.double()
+
+
+def joint_probs(impl, tables, prompt, new, temperature, top_k, top_p) -> dict:
+    """Exact probability of every continuation of ``new`` tokens, sampling the target step by step with
+    ``logits_to_probs`` (:func:`processed`: every context's logits in one call)."""
+    contexts = [()]
+    for _ in range(new - 1):
+        contexts += [c + (v,) for c in contexts if len(c) == len(contexts[-1]) for v in range(tables.V)]
+    logits = torch.stack([tables.next_logits(list(prompt) + list(c)) for c in contexts])
+    dist = dict(zip(contexts, processed(impl, logits, temperature, top_k, top_p)))
     out = {(): 1.0}
     for _ in range(new):
         nxt = {}
         for seq, pr in out.items():
-            p = oracle_probs(tables.next_logits(list(prompt) + list(seq)), temperature, top_k, top_p)
+            p = dist[seq]
             for v in range(tables.V):
                 if p[v] > 0:
                     nxt[seq + (v,)] = pr * float(p[v])
@@ -233,4 +254,5 @@ def _one_thread(impl):
 @pytest.fixture
 def sp():
     return SimpleNamespace(l1_bound=l1_bound, l1_check=l1_check, oracle_probs=oracle_probs, Tables=Tables,
-                           worker_ns=worker_ns, joint_probs=joint_probs)
+                           worker_ns=worker_ns, joint_probs=joint_probs,
+                           processed=processed)

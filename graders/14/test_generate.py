@@ -57,11 +57,12 @@ def _run(impl, ns, tt, dt, prompt, gamma, new, keep_error=False, **kw):
     return out, stats, [(s, list(f)) for s, f in target.log], [(s, list(f)) for s, f in draft.log]
 
 
-CASES = {  # name: (V, prompt length, gamma, max_new_tokens, draft scale: 1.0 a stranger, 0 a copy of the target)
+CASES = {  # name: (V, prompt length, gamma, max_new_tokens, draft: 1.0 a stranger, 0 close to the target, -1 the target)
     "L1-g1": (11, 1, 1, 7, 1.0),
     "L5-g3": (13, 5, 3, 11, 1.0),
     "L4-g4-close": (9, 4, 4, 17, 0.0),
     "L6-g2": (16, 6, 2, 9, 1.0),
+    "L3-g2-same": (12, 3, 2, 10, -1.0),
 }
 
 
@@ -70,6 +71,8 @@ def _case(sp, gen, name):
     tt, dt = _pair(sp, gen, V, L + new + 3)
     if scale == 0:                        # a draft close to the target: long accepted runs, some rejections
         dt.W, dt.P, dt.S = tt.W + 0.3 * dt.W, tt.P.clone(), tt.S.clone()
+    if scale < 0:                         # the target's own tables: every block accepts everything
+        dt.W, dt.P, dt.S = tt.W.clone(), tt.P.clone(), tt.S.clone()
     return tt, dt, _prompt(gen, V, L), gamma, new
 
 
@@ -127,8 +130,8 @@ def _check_log(log, blocks, seq, L, who, proposals_of, partial=False):
 
 
 @pytest.mark.part("B")
-@pytest.mark.points(6)
-@pytest.mark.parametrize("name", ["L5-g3", "L4-g4-close"])
+@pytest.mark.points(4)
+@pytest.mark.parametrize("name", ["L5-g3", "L4-g4-close", "L3-g2-same"])
 def test_every_call_feeds_what_its_rolled_back_cache_lacks(impl, gen, sp, name):
     """The log of calls replayed against the contract's loop at temperature 0: per block gamma_b =
     min(gamma, left - 1) draft calls then ONE target call; every target call after the first finds
@@ -258,7 +261,8 @@ N_RUNS = 1500
 def test_sampling_is_distributed_as_the_target(impl, gen, sp):
     """Temperature > 0: the 3 new tokens of 1500 runs (generators seeded 0..1499) are distributed as
     sampling the target step by step with ``logits_to_probs`` (V = 4, with top_k and top_p): the same
-    processing on both sides, each proposal drawn from the q that verification receives. (One run set
+    processing on both sides, each proposal drawn from the q that verification receives (the expected
+    distribution from the submission's own ``logits_to_probs``: its bugs are Part A's). (One run set
     for both filters: 1500 runs cost about 2 s; the filters themselves are graded in Part A.)"""
     V, L, gamma, new, T = 4, 2, 2, 3, 1.3
     kw = {"top_k": 3, "top_p": 0.8}
@@ -268,7 +272,7 @@ def test_sampling_is_distributed_as_the_target(impl, gen, sp):
         prompt = _prompt(gen, V, L)
         if _top_p_margin(sp, tt, dt, prompt[0].tolist(), new, T, 0.8, 3) >= 1e-3:
             break
-    joint = sp.joint_probs(tt, prompt[0].tolist(), new, T, kw.get("top_k"), kw.get("top_p"))
+    joint = sp.joint_probs(impl, tt, prompt[0].tolist(), new, T, kw.get("top_k"), kw.get("top_p"))
     ns = sp.worker_ns(impl)
     outs, _ = ns.run_many(impl.speculative_generate, tt.remote(ns), dt.remote(ns), prompt, gamma, new,
                           dict(kw, temperature=T), list(range(N_RUNS)))
@@ -309,12 +313,17 @@ def test_accepted_counts_follow_the_overlap_of_p_and_q(impl, gen, sp):
     processing on both sides."""
     V, L, gamma, new, T, top_k = 5, 2, 3, 4, 1.0, 2
     tt, dt = _pair(sp, gen, V, L + new + 2)
-    row = torch.randn(V, generator=gen, dtype=torch.float64) * 1.5
-    for m, scale in ((tt, 1.0), (dt, 0.3)):           # a flatter draft with the same top-2
-        m.W[:] = row * scale
+    # the same top-2 tokens a, b on both sides: the target sharp (p ~ [0.8, 0.2] on them), the draft flat (q ~
+    # [0.55, 0.45] after top-k, its other tokens holding about half of its unfiltered mass): alpha ~ 0.75
+    a, b, *rest = torch.randperm(V, generator=gen).tolist()
+    jitter = 0.1 * torch.rand(2, V, generator=gen, dtype=torch.float64)
+    for m, (la, lb, lo), j in ((tt, (2.0, 0.6, -3.0), jitter[0]), (dt, (0.3, 0.1, -0.3), jitter[1])):
+        row = torch.full((V,), lo, dtype=torch.float64) - j
+        row[a], row[b] = la + j[a], lb - j[b]
+        m.W[:] = row
         m.P.zero_()
         m.S.zero_()
-    p, q = sp.oracle_probs(tt.W[0], T, top_k), sp.oracle_probs(dt.W[0], T, top_k)
+    p, q = sp.processed(impl, torch.stack([tt.W[0], dt.W[0]]), T, top_k, None)   # the submission's processing
     alpha = float(torch.minimum(p, q).sum())
     probs = torch.tensor([alpha ** k * (1 - alpha) for k in range(gamma)] + [alpha ** gamma], dtype=torch.float64)
     ns = sp.worker_ns(impl)

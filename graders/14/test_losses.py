@@ -52,8 +52,15 @@ def _call(impl, name, s, t, labels=None, **kw):
 
 
 def _labels(gen, shape, V, pad=0.3):
+    """Random labels, a fraction ``pad`` ignored; in each row the first token counts and the last is padding
+    (so the valid count is neither the batch size nor every position)."""
     lab = torch.randint(0, V, shape, generator=gen)
-    return lab.masked_fill(torch.rand(shape, generator=gen) < pad, -100)
+    lab = lab.masked_fill(torch.rand(shape, generator=gen) < pad, -100)
+    lab[..., -1] = -100
+    lab[..., 0] = torch.randint(0, V, lab[..., 0].shape, generator=gen)
+    if len(shape) > 1 and shape[-1] > 2:
+        lab[0, 1] = 1                     # one more valid token than rows
+    return lab
 
 
 @pytest.mark.part("C")

@@ -19,6 +19,7 @@ DRAFT's; B rows, gamma proposals per block, V the vocabulary, L the prompt lengt
 """
 from __future__ import annotations
 
+import bisect
 import math
 import numbers
 from dataclasses import dataclass
@@ -268,6 +269,34 @@ def _verify(draft_probs, target_probs, draft_tokens, generator):
     return tokens, n
 
 
+def _draw(w: torch.Tensor, generator) -> int:
+    """One index from the weights ``w (V,)``: a uniform against their CDF (for one draw, several times cheaper
+    than ``torch.multinomial``); a zero weight is never drawn."""
+    cdf = w.to(torch.float64).cumsum(0).tolist()
+    u = float(torch.rand((), generator=generator, dtype=torch.float64, device=w.device)) * cdf[-1]
+    i = bisect.bisect_right(cdf, u)
+    while i >= len(cdf) or (i > 0 and cdf[i] == cdf[i - 1]):   # u rounded onto the total: the last positive weight
+        i -= 1
+    return i
+
+
+def _verify_one(q: torch.Tensor, p: torch.Tensor, props: list[int], generator) -> tuple[int, int]:
+    """``_verify`` for one row (the loop's: q ``(g, V)``, p ``(g+1, V)``, float64), with Python scalars:
+    ``(n accepted, the correction or bonus token)``."""
+    g = len(props)
+    if g:
+        idx = torch.tensor(props, device=q.device)[:, None]
+        q_x, p_x = q.gather(1, idx)[:, 0].tolist(), p[:g].gather(1, idx)[:, 0].tolist()
+        u = torch.rand(g, generator=generator, dtype=torch.float64, device=q.device).tolist()
+    n = 0
+    while n < g and u[n] * q_x[n] < p_x[n]:
+        n += 1
+    w = p[n] if n == g else (p[n] - q[n]).clamp_min(0)   # the bonus from p_g, else the residual
+    if n < g and not bool(w.any()):
+        w = p[n]                                         # rounding only
+    return n, _draw(w, generator)
+
+
 # --- Part B: the speculative loop --------------------------------------------------------------
 
 @dataclass
@@ -340,18 +369,14 @@ def speculative_generate(target, draft, input_ids: torch.Tensor, gamma: int, max
             feed = (seq + props)[d_cache.seq_len:]
             q = probs(draft(torch.tensor([feed], device=device), cache=d_cache)[0, -1])
             stats.draft_calls += 1
-            x = int(q.argmax()) if temperature == 0 else \
-                int(torch.multinomial(q, 1, generator=generator))
+            x = int(q.argmax()) if temperature == 0 else _draw(q, generator)
             props.append(x)
             qs.append(q)
         feed = (seq + props)[t_cache.seq_len:]   # ONE target call verifies all g
         p = probs(target(torch.tensor([feed], device=device), cache=t_cache)[0, -(g + 1):])
         stats.target_calls += 1
-        q = torch.stack(qs)[None] if qs else p.new_zeros(1, 0, V)
-        tokens, n = _verify(q, p[None], torch.tensor([props], dtype=torch.int64, device=device)
-                                       .view(1, g), generator)
-        n = int(n[0])
-        seq += tokens[0, :n + 1].tolist()
+        n, last = _verify_one(torch.stack(qs) if qs else p[:0], p, props, generator)
+        seq += props[:n] + [last]
         stats.blocks += 1
         stats.proposed += g
         stats.accepted += n

@@ -3,4 +3,4 @@ distribution q: the output is no longer the target's distribution (transformers 
 Caught by: test_sampling_is_distributed_as_the_target ("lossless speculative sampling")."""
 SELECT = 'test_sampling_is_distributed_as_the_target'
 MESSAGE = 'lossless speculative sampling'
-MUTATE = [('            x = int(q.argmax()) if temperature == 0 else \\\n                int(torch.multinomial(q, 1, generator=generator))\n', '            x = int(q.argmax())                           # bug: greedy proposals at any temperature\n')]
+MUTATE = [('            x = int(q.argmax()) if temperature == 0 else _draw(q, generator)\n', '            x = int(q.argmax())                           # bug: greedy proposals at any temperature\n')]
