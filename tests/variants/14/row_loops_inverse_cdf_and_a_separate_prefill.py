@@ -1,12 +1,12 @@
 """Parts A and B written another way, appended after the reference so they replace it: ``logits_to_probs`` row by
-row in float64 with a Python loop for top-p; ``speculative_sample`` with ``gather``/``argmax`` for the first
+row in Python floats (float64), top-p by a sorted list; ``speculative_sample`` with ``gather``/``argmax`` for the first
 rejection and a uniform against the inverse CDF instead of ``torch.multinomial`` (another random stream);
 ``speculative_generate`` with a SEPARATE prefill call of the prompt's first L-1 tokens in each model (the
 contract's "+1"), proposals drawn by inverse CDF, verification through the public ``speculative_sample`` (with its
 checks). Proves: the graders read distributions and calls, not the reference's random stream or its merged
 prefill."""
 MAY_FAIL = []
-SELECT = 'test_sampling or test_generate'
+SELECT = 'test_sampling or (test_generate and not accepted_counts)'   # the acceptance-count run set: the other variant's
 MUTATE = [('    return alpha * temperature ** 2 * soft + (1 - alpha) * hard\n',
            '    return alpha * temperature ** 2 * soft + (1 - alpha) * hard\n' '''
 
@@ -21,29 +21,29 @@ def logits_to_probs(logits, temperature=1.0, top_k=None, top_p=None):  # noqa: F
     if bool(torch.isnan(logits).any()) or bool((logits == math.inf).any()):
         raise ValueError("logits hold NaN or +inf")
     V = logits.shape[-1]
-    rows = logits.detach().to("cpu", torch.float64).reshape(-1, V)
-    out = torch.zeros_like(rows)
-    for r in range(rows.shape[0]):
-        z = rows[r]
+    out = []
+    for z in logits.detach().to("cpu", torch.float64).reshape(-1, V).tolist():   # Python floats (float64)
         if temperature == 0:
-            out[r, int(torch.argmax(z))] = 1.0
+            out.append([float(i == z.index(max(z))) for i in range(V)])
             continue
-        z = z / temperature
-        keep = z > -math.inf
+        z = [v / temperature for v in z]
+        keep = [v > -math.inf for v in z]
         if top_k is not None and top_k < V:
-            keep &= z >= torch.sort(z, descending=True).values[top_k - 1]
+            kth = sorted(z, reverse=True)[top_k - 1]
+            keep = [k and v >= kth for k, v in zip(keep, z)]
         if top_p is not None and top_p < 1:
-            w = torch.exp(z - z[keep].max()) * keep
-            w = w / w.sum()
-            mass = 0.0
-            for i in sorted(range(V), key=lambda i: (-float(w[i]), i)):
-                if mass >= top_p:
-                    keep[i] = False
-                mass += float(w[i])
-        w = torch.exp(z - z[keep].max()) * keep
-        out[r] = w / w.sum()
+            m = max(v for v, k in zip(z, keep) if k)
+            w = [math.exp(v - m) if k else 0.0 for v, k in zip(z, keep)]
+            total, mass = sum(w), 0.0
+            for i in sorted(range(V), key=lambda i: (-w[i], i)):
+                keep[i] = keep[i] and mass < top_p
+                mass += w[i] / total
+        m = max(v for v, k in zip(z, keep) if k)
+        w = [math.exp(v - m) if k else 0.0 for v, k in zip(z, keep)]
+        total = sum(w)
+        out.append([x / total for x in w])
     dtype = torch.float64 if logits.dtype == torch.float64 else torch.float32
-    return out.reshape(logits.shape).to(dtype=dtype, device=logits.device)
+    return torch.tensor(out, dtype=torch.float64).reshape(logits.shape).to(dtype=dtype, device=logits.device)
 
 
 def _inverse_cdf(w, generator):
