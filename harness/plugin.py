@@ -147,16 +147,18 @@ class _LabsState:
         for extra in (Path(self.results_path).resolve().parent if self.results_path else None, path.parent.parent):
             if extra is not None and extra != Path("/") and extra not in harness_dir.parents and extra != root:
                 hide.append(extra)
+        # LABS_SANDBOX_CALL_TIMEOUT (seconds): one limit for a call's waiting and its computing both,
+        # below the lab's (the framework's own tests of hanging and CPU-burning submissions)
         env_timeout = os.environ.get("LABS_SANDBOX_CALL_TIMEOUT", "")
-        timeout = float(env_timeout) if env_timeout.replace(".", "", 1).isdigit() else \
-            min(lab.limits.call_timeout_s, max(5.0, lab.limits.test_timeout_s - 5))
+        override = float(env_timeout) if env_timeout.replace(".", "", 1).isdigit() else None
+        timeout = override or min(lab.limits.call_timeout_s, max(5.0, lab.limits.test_timeout_s - 5))
         return _sandbox.WorkerConfig(
             module_source=path.read_text(errors="replace"), module_filename=lab.filename,
             stub_source=stub.read_text() if stub.is_file() and stub.resolve() != path.resolve() else None,
             api=list(lab.api), lab=lab.number, hide=[str(p) for p in hide if p.is_dir()], own=str(path.parent.parent),
             memory_mb=lab.limits.memory_mb,
             cpu_s=int(lab.limits.timeout_s * max(1.0, lab.limits.cpus)), nproc=lab.limits.pids,
-            call_timeout_s=timeout, call_cpu_s=lab.limits.call_cpu_s)
+            call_timeout_s=timeout, call_cpu_s=min(lab.limits.call_cpu_s, override or lab.limits.call_cpu_s))
 
     def close(self):
         from .sandbox import ranks

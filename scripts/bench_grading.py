@@ -94,7 +94,7 @@ def main() -> int:
                 figures["labs"][n] = {"reference_wall_s": w, "reference_cpu_s": c, "score": ref.score,
                                       "max_runnable": ref.max_score_runnable, "stub_wall_s": sw, "stub_cpu_s": sc,
                                       "hang_status": row.kind.value, "hang_wall_s": hw,
-                                      "start_limit_s": lab.limits.start_timeout_s}
+                                      "hang_limit_s": lab.limits.call_timeout_s}
                 rows.append((n, fmt(w), fmt(c), f"{ref.score:g}/{ref.max_score_runnable:g}", fmt(sw), fmt(sc),
                              f"{row.kind.value} in {hw:.1f} s"))
                 print(*rows[-1], sep="\t", flush=True)

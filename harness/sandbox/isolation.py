@@ -63,9 +63,11 @@ from ..errors import LabsError
 # --- the trusted side ---------------------------------------------------------------------------
 
 def isolation_prefix() -> list[str]:
-    """``unshare`` prefix giving the worker no network and its own PID, IPC, UTS, cgroup and
-    mount namespaces (so it cannot see or signal the grader, shares no System V object with
-    the host or a later grading, and gets its own view of the disk), when this host allows it."""
+    """The ``unshare`` command that proved this host gives the worker no network and its own PID,
+    IPC, UTS, cgroup and mount namespaces (so it cannot see or signal the grader, shares no
+    System V object with the host or a later grading, and gets its own view of the disk), with
+    ``--user`` where that takes a user namespace; empty where it does not. The zygote's fork
+    unshares the same namespaces (``harness.sandbox.zygote``)."""
     global _PREFIX
     if _PREFIX is not None:
         return _PREFIX
@@ -134,7 +136,7 @@ def scrubbed_env(home: str) -> dict:
 
 
 @functools.lru_cache(maxsize=None)
-def worker_files(entry: str = "sandbox/server.py") -> tuple[str, ...]:
+def worker_files(entry: str = "sandbox/zygote.py") -> tuple[str, ...]:
     """The harness files the worker side imports, relative to the ``harness`` package: ``entry``
     and every harness module it imports, transitively (module-level and function-level
     imports, absolute or relative), with the ``__init__.py`` of each package above them; a

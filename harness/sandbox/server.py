@@ -1,9 +1,9 @@
 """The untrusted side: a launcher that isolates itself, then W servers that import one submission.
 
-Started by ``harness.sandbox.worker.Worker`` as ``python -I -c "...server.main()"``
-(behind ``unshare --net --pid --ipc --uts --cgroup --mount`` where the host allows, inside
-the worker's cgroup), in an empty temporary directory, with a scrubbed environment (no
-seed, no ``LABS_*``). Its first frame, ``init``, arrives on stdin (the control socket).
+Forked for ``harness.sandbox.worker.Worker`` by the zygote (``harness.sandbox.zygote``: a
+warm ``python -I`` that has imported torch) into the worker's cgroup and, where the host
+allows, its own network, pid, IPC, UTS, cgroup and mount namespaces, in an empty temporary
+directory, with a scrubbed environment (no seed, no ``LABS_*``). Its first frame, ``init``, arrives on stdin (the control socket).
 Then, still harness code:
 
 1. :func:`harness.sandbox.isolation.isolate`: private loopback, the allow-list root,
