@@ -6,16 +6,17 @@ against the exact distribution computed in float64, failed when the L1 distance 
 a correct submission fails a statistical test with probability below 1e-6. Every input comes
 from the run seed, so a submission always gets the same verdict.
 
-The graders' models (Part B). ``TableModel`` follows the contract's decoding protocol and
-nothing more: its cache stores token ids (``seq_len``, ``crop``), row t of its logits is
-``W[x_t] + P[t] + S[(x_0 + ... + x_t) mod 7]`` in float64 (a function of the whole prefix, so a
-stale cache changes what it returns), it refuses a cache past the length ``make_cache`` asked
-for, and it logs every call: ``(seq_len before, the tokens fed)``. The class is public
-protocol code, no seed and no check: the graders define it in the implementation's process
-(through the builtins its ``torch`` holds, the lab 13 graders' ``Bulk`` route) because the
-submission calls it there. Its log is a claim the graders check against the output: every
-call must feed the emitted sequence plus the block's proposals, so a log that disagrees with
-the output fails the replay.
+The graders' models (Part B): ``Tables`` holds a model's parameters and computes its logits
+here; its twin next to the implementation is the harness's trusted ``TableModel``
+(``harness.toolkit.build_spec_models``): its cache stores token ids (``seq_len``, ``crop``), row t
+of its logits is ``W[x_t] + P[t] + S[(x_0 + ... + x_t) mod 7]`` in float64 (a function of the whole
+prefix, so a stale cache changes what it returns), it refuses a cache past the length
+``make_cache`` asked for, and it records every call, ``(seq_len before, the tokens fed)``, in the
+harness's probe module, never on the objects the submission gets (``model_log``, ``spec_runs``;
+a log changed by anything but the model fails the read). No grader code runs in the sandbox. A
+log is still a claim from the submission's process: the graders replay it against the output
+(every call must feed the emitted sequence plus the block's proposals), so a log that disagrees
+with the output fails.
 """
 from __future__ import annotations
 
@@ -25,75 +26,10 @@ from types import SimpleNamespace
 import pytest
 import torch
 
+from harness.toolkit import build_spec_models
+
 DELTA = 1e-6
 K_MIX = 7
-
-WORKER_SRC = '''
-import torch
-
-
-class Config:
-    def __init__(self, vocab_size, max_seq_len):
-        self.vocab_size, self.max_seq_len = vocab_size, max_seq_len
-
-
-class TableCache:
-    def __init__(self, capacity):
-        self.capacity, self.ids = capacity, []
-
-    @property
-    def seq_len(self):
-        return len(self.ids)
-
-    def crop(self, n):
-        if not isinstance(n, int) or isinstance(n, bool) or not 0 <= n <= len(self.ids):
-            raise ValueError(f"crop({n!r}) outside [0, seq_len={len(self.ids)}]")
-        del self.ids[n:]
-
-
-class TableModel:
-    def __init__(self, name, W, P, S, max_seq_len, dtype=torch.float64):
-        self.name, self.W, self.P, self.S, self.dtype = name, W, P, S, dtype
-        self.config = Config(W.shape[0], max_seq_len)
-        self.log = []
-
-    def make_cache(self, batch_size=1, max_seq_len=None):
-        cap = self.config.max_seq_len if max_seq_len is None else int(max_seq_len)
-        if batch_size != 1 or not 1 <= cap <= self.config.max_seq_len:
-            raise ValueError(f"make_cache({batch_size}, {max_seq_len})")
-        return TableCache(cap)
-
-    def __call__(self, input_ids, cache=None):
-        if not isinstance(cache, TableCache):
-            raise ValueError("the graders' model needs its own cache (make_cache)")
-        ids = [int(x) for x in input_ids.reshape(-1).tolist()]
-        if input_ids.dim() != 2 or input_ids.shape[0] != 1 or not ids:
-            raise ValueError(f"input_ids must be (1, T) with T >= 1, got {tuple(input_ids.shape)}")
-        self.log.append((cache.seq_len, ids))
-        if cache.seq_len + len(ids) > cache.capacity:
-            raise ValueError(f"cache of {cache.capacity} positions overflows: {cache.seq_len} + {len(ids)}")
-        rows = []
-        for x in ids:
-            cache.ids.append(x)
-            t = len(cache.ids) - 1
-            rows.append(self.W[x] + self.P[t] + self.S[sum(cache.ids) % self.S.shape[0]])
-        return torch.stack(rows)[None].to(self.dtype).to(input_ids.device)
-
-
-def run_many(fn, target, draft, prompt, gamma, new, kwargs, seeds):
-    """fn(target, draft, prompt, gamma, new, generator=Generator(seed), **kwargs) per seed:
-    (outputs (N, new), [(target log, draft log, stats fields)] for the first `keep` runs)."""
-    outs, logs = [], []
-    for s in seeds:
-        target.log.clear()
-        draft.log.clear()
-        gen = torch.Generator(device=prompt.device).manual_seed(int(s))
-        out, st = fn(target, draft, prompt, gamma, new, generator=gen, **kwargs)
-        outs.append(out[0, prompt.shape[1]:].to("cpu", torch.int64))
-        logs.append([[a for _, a in target.log], [a for _, a in draft.log], int(st.accepted)])
-    return torch.stack(outs), logs
-'''
-
 
 def l1_bound(k: int, n: int, delta: float = DELTA) -> float:
     """Weissman et al. (2003): P(||p_hat - p||_1 >= eps) <= (2^k - 2) exp(-n eps^2 / 2)."""
@@ -155,7 +91,7 @@ def oracle_probs(logits, temperature=1.0, top_k=None, top_p=None) -> torch.Tenso
 
 
 class Tables:
-    """A table model's parameters, its float64 logits (the graders' side) and its worker twin."""
+    """A table model's parameters, its float64 logits (the graders' side) and the spec of its twin (``models``)."""
 
     def __init__(self, gen, V, max_len, scale=1.0, name="target"):
         self.name, self.V, self.max_len = name, V, max_len
@@ -180,16 +116,15 @@ class Tables:
             seq.append(int(oracle_probs(self.next_logits(seq), 0).argmax()))
         return seq[len(prompt):]
 
-    def remote(self, ns, dtype=torch.float64, max_seq_len=None):
-        return ns.TableModel(self.name, self.W, self.P, self.S, max_seq_len or self.max_len,
-                             dtype=dtype)
+    def spec(self, dtype=torch.float64, max_seq_len=None) -> dict:
+        return {"name": self.name, "W": self.W, "P": self.P, "S": self.S, "max_seq_len": max_seq_len or self.max_len,
+                "dtype": dtype}
 
 
-def worker_ns(impl):
-    """The graders' model classes defined next to the implementation (see the module docstring)."""
-    b = impl.torch.builtins
-    return b.eval("__import__('types').SimpleNamespace(**(lambda g: (exec(src, g), g)[1])({}))",
-                  {"src": WORKER_SRC})
+def models(impl, *tables) -> list:
+    """The trusted table models of ``tables`` (``Tables``), built next to the implementation
+    (``harness.toolkit.build_spec_models``; their logs read with ``model_log``)."""
+    return build_spec_models(impl, [t.spec() for t in tables])
 
 
 def processed(impl, logits: torch.Tensor, temperature, top_k, top_p) -> torch.Tensor:
@@ -254,5 +189,5 @@ def _one_thread(impl):
 @pytest.fixture
 def sp():
     return SimpleNamespace(l1_bound=l1_bound, l1_check=l1_check, oracle_probs=oracle_probs, Tables=Tables,
-                           worker_ns=worker_ns, joint_probs=joint_probs,
+                           models=models, joint_probs=joint_probs,
                            processed=processed)

@@ -1,7 +1,8 @@
 """Hidden graders for lab 14, Part B: ``SpecStats`` and ``speculative_generate``.
 
-Every test runs the submission's loop over the graders' ``TableModel`` pair (conftest), defined
-next to the implementation, and reads the models' own log of calls, never a figure the
+Every test runs the submission's loop over a pair of the harness's trusted ``TableModel`` s
+(conftest; ``build_spec_models``), made next to the implementation, and reads the models' own log
+of calls (``model_log``, ``spec_runs``: kept by the harness, not on the objects), never a figure the
 submission reports (except in the test of ``SpecStats`` itself). At temperature 0 the graders
 replay the contract's loop (draft proposals are the draft's argmax chain; a block accepts the
 prefix matching the target's greedy chain), so the blocks, each call's cache length and the
@@ -15,7 +16,7 @@ import math
 import pytest
 import torch
 
-from harness.toolkit import expect_raises
+from harness.toolkit import expect_raises, model_log, spec_runs
 
 
 def _prompt(gen, V, L):
@@ -44,17 +45,17 @@ def _replay(tt, dt, prompt, gamma, new):
     return blocks, seq
 
 
-def _run(impl, ns, tt, dt, prompt, gamma, new, keep_error=False, **kw):
+def _run(impl, sp, tt, dt, prompt, gamma, new, keep_error=False, **kw):
     """``(output, stats, target log, draft log)``; with ``keep_error`` an exception the call raised comes back
     in place of the output (the logs up to it are graded first)."""
-    target, draft = tt.remote(ns), dt.remote(ns)
+    target, draft = sp.models(impl, tt, dt)
     try:
         out, stats = impl.speculative_generate(target, draft, prompt, gamma, new, **kw)
     except Exception as e:  # noqa: BLE001 - judged after the logs
         if not keep_error:
             raise
         out, stats = e, None
-    return out, stats, [(s, list(f)) for s, f in target.log], [(s, list(f)) for s, f in draft.log]
+    return out, stats, model_log(target), model_log(draft)
 
 
 CASES = {  # name: (V, prompt length, gamma, max_new_tokens, draft: 1.0 a stranger, 0 close to the target, -1 the target)
@@ -83,7 +84,7 @@ def test_greedy_output_is_the_targets_greedy_decoding(impl, gen, sp, name):
     """Temperature 0: ``(1, L + max_new_tokens)`` int64, the prompt then the target's greedy decoding
     token for token, whatever the draft."""
     tt, dt, prompt, gamma, new = _case(sp, gen, name)
-    out, _, _, _ = _run(impl, sp.worker_ns(impl), tt, dt, prompt, gamma, new)
+    out, _, _, _ = _run(impl, sp, tt, dt, prompt, gamma, new)
     want = prompt[0].tolist() + tt.greedy(prompt[0].tolist(), new)
     assert isinstance(out, torch.Tensor) and out.dtype == torch.int64 and tuple(out.shape) == (1, len(want)), \
         f"output_ids must be (1, L + max_new_tokens) = (1, {len(want)}) int64, got " \
@@ -138,7 +139,7 @@ def test_every_call_feeds_what_its_rolled_back_cache_lacks(impl, gen, sp, name):
     ``seq_len = N - 1``; every call is fed the emitted sequence plus the block's proposals its cache
     lacks (one optional prefill call per model)."""
     tt, dt, prompt, gamma, new = _case(sp, gen, name)
-    out, _, tlog, dlog = _run(impl, sp.worker_ns(impl), tt, dt, prompt, gamma, new, keep_error=True)
+    out, _, tlog, dlog = _run(impl, sp, tt, dt, prompt, gamma, new, keep_error=True)
     blocks, seq = _replay(tt, dt, prompt[0].tolist(), gamma, new)
     L, err = prompt.shape[1], out if isinstance(out, Exception) else None
     _check_log(tlog, blocks, seq, L, "target", lambda N, props: (seq[:N] + props, [N + len(props)]), err is not None)
@@ -155,7 +156,7 @@ def test_call_and_position_counts_stay_in_the_contracts_bounds(impl, gen, sp):
     proposed + 1``; target positions ``= L - 1 + proposed + blocks``; draft positions ``<= L + proposed
     + blocks``; ``accepted + blocks = max_new_tokens``."""
     tt, dt, prompt, gamma, new = _case(sp, gen, "L6-g2")
-    out, _, tlog, dlog = _run(impl, sp.worker_ns(impl), tt, dt, prompt, gamma, new)
+    out, _, tlog, dlog = _run(impl, sp, tt, dt, prompt, gamma, new)
     blocks, _ = _replay(tt, dt, prompt[0].tolist(), gamma, new)
     B, P, A, L = len(blocks), sum(len(p) for _, p, _ in blocks), sum(n for *_, n in blocks), prompt.shape[1]
     tpos, dpos = sum(len(f) for _, f in tlog), sum(len(f) for _, f in dlog)
@@ -182,7 +183,7 @@ def test_a_draft_identical_to_the_target_accepts_every_block(impl, gen, sp):
     V, L, gamma, new = 10, 3, 3, 14
     tt = sp.Tables(gen, V, L + new + 2)
     prompt = _prompt(gen, V, L)
-    out, _, tlog, _ = _run(impl, sp.worker_ns(impl), tt, tt, prompt, gamma, new)
+    out, _, tlog, _ = _run(impl, sp, tt, tt, prompt, gamma, new)
     want = math.ceil(new / (gamma + 1))
     calls = len(tlog) - (len(tlog) > 0 and tlog[0][0] == 0 and len(tlog[0][1]) < L)
     assert calls == want, f"a draft identical to the target must accept every proposal: {calls} verification calls " \
@@ -196,7 +197,7 @@ def test_stats_count_what_the_models_saw(impl, gen, sp):
     ``accepted`` the replay's; ``acceptance_rate`` and ``tokens_per_block`` (Python floats, 0.0 when
     nothing ran)."""
     tt, dt, prompt, gamma, new = _case(sp, gen, "L4-g4-close")
-    out, st, tlog, dlog = _run(impl, sp.worker_ns(impl), tt, dt, prompt, gamma, new)
+    out, st, tlog, dlog = _run(impl, sp, tt, dt, prompt, gamma, new)
     blocks, _ = _replay(tt, dt, prompt[0].tolist(), gamma, new)
     want = {"target_calls": len(tlog), "draft_calls": len(dlog), "blocks": len(blocks),
             "proposed": sum(len(p) for _, p, _ in blocks), "accepted": sum(n for *_, n in blocks)}
@@ -217,7 +218,7 @@ def test_stats_count_what_the_models_saw(impl, gen, sp):
 @pytest.mark.points(2)
 def test_zero_new_tokens_returns_the_prompt_without_a_call(impl, gen, sp):
     tt, dt, prompt, gamma, _ = _case(sp, gen, "L6-g2")
-    out, _, tlog, dlog = _run(impl, sp.worker_ns(impl), tt, dt, prompt, gamma, 0)
+    out, _, tlog, dlog = _run(impl, sp, tt, dt, prompt, gamma, 0)
     assert torch.equal(out, prompt), f"max_new_tokens = 0 must return the prompt, got {out}"
     assert not tlog and not dlog, f"max_new_tokens = 0 must call no model: {len(tlog)} target, {len(dlog)} draft calls"
 
@@ -227,7 +228,6 @@ def test_zero_new_tokens_returns_the_prompt_without_a_call(impl, gen, sp):
 def test_generate_refuses_bad_arguments_before_any_call(impl, gen, sp):
     V, L = 8, 3
     tt, dt = _pair(sp, gen, V, 12)
-    ns = sp.worker_ns(impl)
     prompt = _prompt(gen, V, L)
     other = sp.Tables(gen, V + 1, 12)
     cases = [
@@ -241,11 +241,11 @@ def test_generate_refuses_bad_arguments_before_any_call(impl, gen, sp):
         (ValueError, "top_p", "top_p 2", (prompt, 2, 4), {"top_p": 2.0, "temperature": 1.0}),
     ]
     for exc, name, case, args, kw in cases:
-        target, draft = tt.remote(ns), dt.remote(ns)
+        target, draft = sp.models(impl, tt, dt)
         e = expect_raises(exc, f"speculative_generate with {case}", impl.speculative_generate, target, draft, *args, **kw)
         assert name in str(e), f"speculative_generate with {case} raised {e!r}: the message must name {name}"
-        assert not target.log and not draft.log, f"speculative_generate with {case} called a model before raising"
-    target, draft = tt.remote(ns), other.remote(ns)
+        assert not model_log(target) and not model_log(draft), f"speculative_generate with {case} called a model before raising"
+    target, draft = sp.models(impl, tt, other)
     e = expect_raises(ValueError, "a draft with another vocab_size", impl.speculative_generate, target, draft, prompt,
                       2, 4)
     assert "vocab_size" in str(e), f"a draft with another vocabulary raised {e!r}: the message must name vocab_size"
@@ -263,19 +263,21 @@ def test_sampling_is_distributed_as_the_target(impl, gen, sp):
     sampling the target step by step with ``logits_to_probs`` (V = 4, with top_k and top_p): the same
     processing on both sides, each proposal drawn from the q that verification receives (the expected
     distribution from the submission's own ``logits_to_probs``: its bugs are Part A's). (One run set
-    for both filters: 1500 runs cost about 2 s; the filters themselves are graded in Part A.)"""
+    for both filters: 1500 runs cost about 2 s; the filters themselves are graded in Part A.) The tables are
+    drawn until a greedy proposal would move the first token's distribution by at least 0.4 (L1): a draft
+    whose processed q is one-hot would hide that bug."""
     V, L, gamma, new, T = 4, 2, 2, 3, 1.3
     kw = {"top_k": 3, "top_p": 0.8}
     filt = "top_k 3, top_p 0.8"
     while True:
         tt, dt = _pair(sp, gen, V, L + new + 2, draft_scale=1.5)
         prompt = _prompt(gen, V, L)
-        if _top_p_margin(sp, tt, dt, prompt[0].tolist(), new, T, 0.8, 3) >= 1e-3:
+        if _top_p_margin(sp, tt, dt, prompt[0].tolist(), new, T, 0.8, 3) >= 1e-3 and \
+                _greedy_proposal_gap(sp, tt, dt, prompt[0].tolist(), T, 0.8, 3) >= 0.4:
             break
     joint = sp.joint_probs(impl, tt, prompt[0].tolist(), new, T, kw.get("top_k"), kw.get("top_p"))
-    ns = sp.worker_ns(impl)
-    outs, _ = ns.run_many(impl.speculative_generate, tt.remote(ns), dt.remote(ns), prompt, gamma, new,
-                          dict(kw, temperature=T), list(range(N_RUNS)))
+    outs, _ = spec_runs(impl.speculative_generate, *sp.models(impl, tt, dt), prompt, gamma, new,
+                        dict(kw, temperature=T), list(range(N_RUNS)))
     cells = sorted(set(joint) | {tuple(r) for r in outs.tolist()})
     index = {c: i for i, c in enumerate(cells)}
     counts = torch.zeros(len(cells))
@@ -285,6 +287,22 @@ def test_sampling_is_distributed_as_the_target(impl, gen, sp):
     sp.l1_check(counts, probs, f"lossless speculative sampling ({filt}, temperature {T}, gamma {gamma}): the "
                                f"{new} new tokens must be distributed as sampling the target step by step (the draft's "
                                f"q processed like p and the proposal drawn from that q)")
+
+
+def _greedy_proposal_gap(sp, tt, dt, prompt, T, top_p, top_k):
+    """L1 distance between the first new token's distribution p and what verification with q makes of the
+    draft's ARGMAX (a greedy proposal at temperature > 0): the inputs must tell the two apart (a draft whose
+    processed q is one-hot, or a target sure of the draft's favourite, would not)."""
+    p, q = (sp.oracle_probs(m.next_logits(prompt), T, top_k, top_p) for m in (tt, dt))
+    a = int(q.argmax())
+    if p[a] >= q[a]:
+        got = torch.zeros_like(p)
+        got[a] = 1
+    else:
+        resid = (p - q).clamp(min=0)
+        got = resid / resid.sum() * (1 - p[a] / q[a])
+        got[a] = p[a] / q[a]
+    return float((got - p).abs().sum())
 
 
 def _top_p_margin(sp, tt, dt, prompt, new, T, top_p, top_k):
@@ -326,10 +344,9 @@ def test_accepted_counts_follow_the_overlap_of_p_and_q(impl, gen, sp):
     p, q = sp.processed(impl, torch.stack([tt.W[0], dt.W[0]]), T, top_k, None)   # the submission's processing
     alpha = float(torch.minimum(p, q).sum())
     probs = torch.tensor([alpha ** k * (1 - alpha) for k in range(gamma)] + [alpha ** gamma], dtype=torch.float64)
-    ns = sp.worker_ns(impl)
     prompt = _prompt(gen, V, L)
-    outs, logs = ns.run_many(impl.speculative_generate, tt.remote(ns), dt.remote(ns), prompt, gamma, new,
-                             {"temperature": T, "top_k": top_k}, list(range(N_RUNS)))
+    outs, logs = spec_runs(impl.speculative_generate, *sp.models(impl, tt, dt), prompt, gamma, new,
+                           {"temperature": T, "top_k": top_k}, list(range(N_RUNS)))
     counts = torch.zeros(gamma + 1)
     for out, (tl, _, _) in zip(outs.tolist(), logs):
         props = _first_block_props(tl, L, gamma)
