@@ -24,6 +24,10 @@ Recomputation and loss scaling (``harness.sandbox.calls``; trusted modules built
   (a loss scaler through scripted gradients), ``train_steps`` (training steps of a trusted
   model), ``RecomputeNet``, ``GradScalerAdapter`` (``torch.amp.GradScaler``, the oracle)
 
+Speculative decoding (``harness.sandbox.calls``; trusted table models built next to the code)
+  ``build_spec_models`` (the graders' ``TableModel`` s in the worker), ``model_log`` (a model's calls,
+  kept outside the objects the submission gets), ``spec_runs`` (seeded runs of a generate function)
+
 Oracles, in float64 (``harness.oracles``)
   ``attention``, ``causal_mask``, ``train_net`` (``TrainNet`` in float64)
 
@@ -42,9 +46,10 @@ from __future__ import annotations
 from .alloc import AllocationTracker
 from .bench import attention_flops, geomean
 from .oracles import attention, causal_mask, train_net
-from .sandbox.calls import (build_recompute, call_views, drive_scaler, fill_held, gradcheck, held_bytes,
-                            held_storages, is_instance, measure, param_grads, recompute, reachable_bytes,
-                            resident_bytes, restart, saved_tensors, source, train_steps, vjp, watch_storages)
+from .sandbox.calls import (build_recompute, build_spec_models, call_views, drive_scaler, fill_held, gradcheck,
+                            held_bytes, held_storages, is_instance, measure, model_log, param_grads, recompute,
+                            reachable_bytes, resident_bytes, restart, saved_tensors, source, spec_runs, train_steps,
+                            vjp, watch_storages)
 from .sandbox.probes.comm import C10D_OPS
 from .sandbox.probes.recompute import GradScalerAdapter, RecomputeNet
 from .sandbox.probes.training import TrainNet
@@ -65,6 +70,8 @@ __all__ = [
     "SandboxError",
     # recomputation and loss scaling
     "build_recompute", "recompute", "drive_scaler", "train_steps", "RecomputeNet", "GradScalerAdapter",
+    # speculative decoding
+    "build_spec_models", "model_log", "spec_runs",
     # oracles
     "attention", "causal_mask", "train_net",
     # ranks

@@ -4,8 +4,8 @@ Each function here runs one probe (``harness.sandbox.probes``): in the worker th
 its target (a handle) or in this process (a local object, ``--sandbox none``), so
 graders are written once for both. :func:`run_probe` is the one path; it reads the
 outside figures (``harness.sandbox.outside``) around the request. :class:`Measurement`
-is what :func:`measure` saw. The recomputation and loss-scaling drivers of lab 12 are
-at the end.
+is what :func:`measure` saw. The recomputation and loss-scaling drivers of lab 12, then lab 14's
+table models and seeded runs, are at the end.
 """
 from __future__ import annotations
 
@@ -479,3 +479,59 @@ def train_steps(target, *, spec: dict, state: dict, batches: list, scaler=None, 
     if not isinstance(value, list) or not all(isinstance(v, dict) for v in value):
         raise SandboxError("the implementation's process sent malformed training steps")
     return value
+
+
+# --- speculative decoding (lab 14): the graders' table models, their logs, seeded runs ---------------
+
+def build_spec_models(on, tables: list) -> list:
+    """The graders' trusted ``TableModel`` s (``harness.sandbox.probes.speculative``), one per
+    ``{"name", "W", "P", "S", "max_seq_len", "dtype"}``: made in the worker holding ``on`` (the
+    implementation module's handle; the value is then a list of handles) or here (``on`` a local
+    module). Their call logs stay in the probe module, never on the objects (read them with
+    :func:`model_log`)."""
+    specs = [{k: (str(v).removeprefix("torch.") if k == "dtype" else v) for k, v in t.items()} for t in tables]
+    if isinstance(on, RemoteObject):
+        value = run_probe("build_spec_models", on=on, tables=specs, what="building the graders' table models")[0]
+    else:
+        value = probes.PROBES["build_spec_models"](on, specs)[0]
+    if not isinstance(value, list) or len(value) != len(tables):
+        raise SandboxError("the implementation's process sent malformed table models")
+    return value
+
+
+def _int_list(x, what: str) -> list:
+    if not isinstance(x, list) or not all(type(v) is int for v in x):
+        raise SandboxError(f"the implementation's process sent a malformed {what}")
+    return x
+
+
+def model_log(model) -> list:
+    """``[(seq_len before, [tokens fed]), ...]``: every call of a model :func:`build_spec_models` made,
+    in order (a claim from the submission's process: graders replay it against the output tokens).
+    Raises AssertionError when the log was changed by anything but the model."""
+    value = run_probe("model_log", target=model, what="reading a table model's calls")[0]
+    if not isinstance(value, list) or not all(isinstance(e, list) and len(e) == 2 and type(e[0]) is int
+                                              for e in value):
+        raise SandboxError("the implementation's process sent a malformed call log")
+    return [(e[0], _int_list(e[1], "call log")) for e in value]
+
+
+def spec_runs(fn, target, draft, prompt, gamma: int, new: int, kwargs: dict, seeds: list) -> tuple:
+    """``fn(target, draft, prompt, gamma, new, generator=Generator(seed), **kwargs)`` once per seed, next to
+    the implementation (``probes.speculative.probe_spec_runs``; ``target``/``draft`` from
+    :func:`build_spec_models`). Returns ``(outs (len(seeds), new) int64, runs)``, ``runs[i] = [target's
+    feeds, draft's feeds, accepted]`` (the feeds are claims, as in :func:`model_log`)."""
+    value, _, _ = run_probe("spec_runs", fn=fn, target=target, draft=draft, prompt=prompt, gamma=int(gamma),
+                            new=int(new), kwargs=dict(kwargs), seeds=[int(s) for s in seeds],
+                            what=f"{len(seeds)} seeded runs of {getattr(fn, '_short', getattr(fn, '__name__', 'a call'))}")
+    if not (isinstance(value, tuple) and len(value) == 2 and type(value[0]) is torch.Tensor
+            and value[0].dtype == torch.int64 and tuple(value[0].shape) == (len(seeds), new)
+            and isinstance(value[1], list) and len(value[1]) == len(seeds)):
+        raise SandboxError("the implementation's process sent malformed runs")
+    runs = []
+    for r in value[1]:
+        if not (isinstance(r, list) and len(r) == 3 and isinstance(r[0], list) and isinstance(r[1], list)
+                and type(r[2]) is int):
+            raise SandboxError("the implementation's process sent a malformed run")
+        runs.append([[_int_list(f, "feed") for f in r[0]], [_int_list(f, "feed") for f in r[1]], r[2]])
+    return value[0], runs

@@ -14,7 +14,8 @@ switched off), ``measure`` (one call measured: allocations, ops, FLOPs, forbidde
 calls, communication; ``vjp``), ``objects`` (what an object holds or reaches),
 ``groups`` (process groups of the ranks), ``training`` (the data-parallel labs'
 trusted model and steps), ``recompute`` (activation checkpointing and loss scaling),
-``timing`` (candidate and baseline interleaved).
+``timing`` (candidate and baseline interleaved), ``speculative`` (lab 14: the graders' table
+models, their call logs kept in the probe module, never on an object the submission holds).
 
 Under ``--sandbox worker`` (``labs grade``) the worker's request loop
 (``harness.sandbox.server``) runs them next to the submission, in the sandbox; in a
