@@ -1,0 +1,574 @@
+"""Hidden graders of lab 15, fully sharded data parallelism (ZeRO-3 / FSDP) from scratch.
+
+Each case builds the trusted model (``TrainNet``: linear layers, tanh between, a ``scale``
+buffer) on W spawned gloo ranks, wraps it in the submission's ``FSDP`` with some of its
+layers as units (the others, and the parameters tied across units, belong to the root) and
+runs training steps there (``rk.backward(fsdp, fsdp, ...)``: forward, backward with the
+grader's ``grad_output``, a plain SGD step on ``fsdp.parameters()``, the shards). Rank r's
+loss is ``sum(out_r * g_r)`` with ``g_r`` a mean over its batch, so the average over the
+ranks is the loss of the concatenated batch. The parent replays every step in float64 from
+rank 0's initial weights and compares every shard's gradient after each backward and every
+shard after each step with the contract's slice of the padded flat (the float32 pair, atol
+1e-6 + rtol 1e-5: TrainNet computes its output in float32).
+
+Communication is read from the rank's dispatcher log (every ``torch.distributed`` route ends
+in a ``c10d::`` or ``_c10d_functional::`` op, however it was reached) and counted per op as
+the contract says; memory from the storages reachable from the wrapper (its attributes,
+hooks, closures and the submission's globals), read next to the code by the harness.
+"""
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from harness.toolkit import RankError, assert_close, imported_names, measure, run_ranks, source
+
+T = 60.0
+LR = 0.25
+ATOL, RTOL = 1e-6, 1e-5  # the contract's float32 pair: TrainNet computes its output in float32 (times `scale`)
+FORBID = ["torch.distributed.fsdp.FullyShardedDataParallel", "torch.distributed.fsdp.fully_shard",
+          "torch.nn.parallel.DistributedDataParallel"]
+FORBIDDEN_MODULES = ("torch.distributed.fsdp", "torch.distributed._composable", "torch.distributed.tensor",
+                     "torch.distributed._tensor", "torch.distributed._shard", "torch.distributed.algorithms",
+                     "torch.nn.parallel.distributed")
+FORBIDDEN_TOKENS = ("fully_shard", "FullyShardedDataParallel", "DistributedDataParallel", "DTensor")
+# dispatcher ops and what each one sends per rank (numel: the elements of its first argument, as logged)
+ALL_GATHERS = {"_allgather_base_": "out", "allgather_": "out", "all_gather_into_tensor": "in",
+               "all_gather_into_tensor_out": "in", "allgather_into_tensor_coalesced_": "out"}
+REDUCE_SCATTERS = {"_reduce_scatter_base_": "out", "reduce_scatter_": "out", "reduce_scatter_tensor": "in",
+                   "reduce_scatter_tensor_coalesced_": "out"}
+
+
+# ----------------------------------------------------------------------------- scenario
+
+def layer(name, d_in, d_out, frozen=False):
+    return {"name": name, "in": d_in, "out": d_out, "bias": True, "dtype": "float64", "frozen": frozen}
+
+
+# units "b", "c" (N = 42 and 30 elements, not multiples of 4 or 3); "a", "d" in the root
+MLP = {"layers": [layer("a", 3, 6), layer("b", 6, 6), layer("c", 6, 5), layer("d", 5, 2)], "units": ["b", "c"]}
+
+
+def spec_of(layers, units, ties=()):
+    return {"layers": layers, "units": list(units), "ties": [list(t) for t in ties]}
+
+
+def params_of(spec):
+    """(name, numel, trainable) of every parameter of ``module.named_parameters()`` at construction."""
+    tied = {t[1] for t in spec.get("ties", [])}
+    out = []
+    for L in spec["layers"]:
+        for kind in ("weight", "bias"):
+            name = f"layers.{L['name']}.{kind}"
+            if name not in tied:
+                out.append((name, L["out"] * (L["in"] if kind == "weight" else 1), not L["frozen"]))
+    return out
+
+
+def owner(spec, name):
+    """The unit index of a parameter (the root: ``len(units)``): a tied one belongs to the root."""
+    units = spec["units"]
+    if any(name in t for t in spec.get("ties", [])):
+        return len(units)
+    layer_name = name.split(".")[1]
+    return units.index(layer_name) if layer_name in units else len(units)
+
+
+def flats(spec):
+    """Per unit (root last): ``[(names of the trainable flat), (names of the frozen flat)]``."""
+    n = len(spec["units"])
+    out = [[[], []] for _ in range(n + 1)]
+    for name, _, trainable in params_of(spec):
+        out[owner(spec, name)][0 if trainable else 1].append(name)
+    return out
+
+
+def shard_names(spec):
+    """The contract's ``fsdp.parameters()`` order: (unit, kind, names) per existing shard."""
+    return [(u, k, names) for u, pair in enumerate(flats(spec)) for k, names in enumerate(pair) if names]
+
+
+def init_state(seed, spec, rank):
+    g = torch.Generator().manual_seed((seed * 31 + rank * 7 + 1) % 2**63)
+    state = {}
+    for L in spec["layers"]:
+        state[f"layers.{L['name']}.weight"] = (torch.randn(L["out"], L["in"], generator=g) / math.sqrt(L["in"])).double()
+        state[f"layers.{L['name']}.bias"] = (torch.randn(L["out"], generator=g) * 0.1).double()
+    for a, b in spec.get("ties", []):
+        state[b] = state[a].clone()
+    state["scale"] = 1 + 0.25 * torch.rand(spec["layers"][-1]["out"], generator=g)
+    return state
+
+
+def batch(seed, rank, step, spec, B=4):
+    g = torch.Generator().manual_seed((seed * 131 + rank * 17 + step * 5 + 2) % 2**63)
+    x = torch.randn(B, spec["layers"][0]["in"], generator=g, dtype=torch.float64)
+    go = torch.randn(B, spec["layers"][-1]["out"], generator=g) / B
+    return x, go
+
+
+def sent_elements(c10d, W):
+    """Elements this rank sends, per the contract's per-op count, and the ops by kind."""
+    total, kinds = 0.0, []
+    for e in c10d:
+        op, n = e["op"], e["numel"]
+        if op in ALL_GATHERS:
+            c = n / W if ALL_GATHERS[op] == "out" else n
+            total += (W - 1) * c
+            kinds.append(("ag", round(c)))
+        elif op in REDUCE_SCATTERS:
+            full = n * W if REDUCE_SCATTERS[op] == "out" else n
+            total += (W - 1) / W * full
+            kinds.append(("rs", round(full / W)))
+        elif op in ("allreduce_", "all_reduce"):
+            total += 2 * (W - 1) / W * n
+            kinds.append(("ar", n))
+        elif op in ("broadcast_", "broadcast"):
+            total += (W - 1) * n
+            kinds.append(("bc", n))
+        else:
+            total += W * n
+            kinds.append((op, n))
+    return total, kinds
+
+
+# ----------------------------------------------------------------------------- ranks
+
+def build(rk, seed, spec, own_start=False, group=None, prefetch=False):
+    model = rk.build_model({"layers": spec["layers"]}, init_state(seed, spec, rk.rank if own_start else 0))
+    for a, b in spec.get("ties", []):  # b := a (the same Parameter, registered twice)
+        setattr(model.layers[b.split(".")[1]], b.split(".")[2], getattr(model.layers[a.split(".")[1]], a.split(".")[2]))
+    units = [model.layers[n] for n in spec["units"]]
+    c = rk.call(rk.impl.FSDP, model, units, group=group, prefetch=prefetch, forbid=FORBID, c10d=True)
+    return model, c
+
+
+def body_train(rk, seed, spec, plan, own_start=False, groups=None, prefetch=False, probe=()):
+    """Construction, then one backward per entry of ``plan`` (``{"step": bool}``: SGD after it)."""
+    group = None
+    if groups is not None:
+        mine = [g for g in rk.new_groups(groups)]
+        if mine[0] is None:
+            return None  # outside the group: never constructs
+        group = mine[0]
+    model, c = build(rk, seed, spec, own_start, group, prefetch)
+    fsdp = c.out
+    out = {"construct": [e for e in c.comm["events"] if e["k"] == "c10d"], "steps": [], "shards0": [
+        p.detach().clone() for p in fsdp.parameters()]}
+    out["model_state"] = sorted(rk.state(model))
+    if "full_state" in probe:
+        out["full0"] = fsdp.full_state_dict()
+        out["buffers0"] = rk.state(model)
+    if "reachable" in probe:
+        out["reach0"] = rk.reachable_bytes(fsdp)["total"]
+    rank = rk.rank if groups is None else groups[0].index(rk.rank)
+    for step, p in enumerate(plan):
+        x, go = batch(seed, rk.rank, step, spec)
+        s = rk.backward(fsdp, fsdp, x, grad_output=go, lr=LR if p.get("step", True) else None, forbid=FORBID)
+        ev = s.events
+        fwd = next(i for i, e in enumerate(ev) if e["k"] == "forward_done")
+        out["steps"].append({"grads": list(s.grads.values()), "params": list(s.params.values()),
+                             "fwd": [e for e in ev[:fwd] if e["k"] in ("c10d", "launch", "wait")],
+                             "bwd": [e for e in ev[fwd:] if e["k"] in ("c10d", "launch", "wait")]})
+        if "reachable" in probe:
+            out["steps"][-1]["reach"] = rk.reachable_bytes(fsdp)["total"]
+    if "no_grad" in probe:
+        x, _ = batch(seed, rk.rank, 99, spec)
+        y, m = measure(fsdp, x, no_grad=True, alloc=False, ops=True)
+        out["no_grad"] = {"y": y, "reach": rk.reachable_bytes(fsdp)["total"]}
+    out["rank"] = rank
+    return out
+
+
+def train(impl, seed, W, spec, plan=({},) * 2, **kw):
+    return run_ranks(body_train, W, seed, spec, list(plan), impl=impl, timeout=T, **kw)
+
+
+# ----------------------------------------------------------------------------- the oracle
+
+def pad_slice(vec, W, r):
+    c = math.ceil(vec.numel() / W)
+    full = torch.zeros(W * c, dtype=torch.float64)
+    full[:vec.numel()] = vec
+    return full[r * c:(r + 1) * c]
+
+
+def to_shards(spec, values, W, r, kinds=(0, 1)):
+    """The contract's shards of rank ``r`` from full tensors ``values`` (name -> tensor)."""
+    return [pad_slice(torch.cat([values[n].reshape(-1) for n in names]), W, r)
+            for _, k, names in shard_names(spec) if k in kinds]
+
+
+def oracle(seed, spec, W, plan, ranks):
+    """Per backward: the averaged full gradients (accumulated since the last step) and the
+    parameters after it, float64, from rank 0's initial state."""
+    state = init_state(seed, spec, 0)
+    names = [n for n, _, _ in params_of(spec)]
+    trainable = {n for n, _, t in params_of(spec) if t}
+    params = {n: state[n].double().clone().requires_grad_(n in trainable) for n in names}
+    acc = {n: torch.zeros_like(params[n]) for n in trainable}
+    out = []
+    for step, p in enumerate(plan):
+        full = dict(params)
+        for a, b in spec.get("ties", []):
+            full[b] = params[a]
+        full["scale"] = state["scale"].double()
+        for gr in ranks:
+            x, go = batch(seed, gr, step, spec)
+            y = _forward(full, spec, x)
+            gs = torch.autograd.grad((y * go.double()).sum(), [params[n] for n in sorted(trainable)])
+            for n, g in zip(sorted(trainable), gs):
+                acc[n] += g / len(ranks)
+        grads = {n: acc[n].clone() for n in trainable}
+        if p.get("step", True):
+            with torch.no_grad():
+                for n in trainable:
+                    params[n] -= LR * acc[n]
+                    acc[n].zero_()
+        out.append({"grads": grads, "params": {n: t.detach().clone() for n, t in params.items()}})
+    return out
+
+
+def _forward(full, spec, x):
+    h = x.double()
+    for i, L in enumerate(spec["layers"]):
+        h = h @ full[f"layers.{L['name']}.weight"].T + full[f"layers.{L['name']}.bias"]
+        if i < len(spec["layers"]) - 1:
+            h = torch.tanh(h)
+    return h * full["scale"]
+
+
+def check_training(results, seed, spec, W, plan, ranks=None):
+    ranks = list(range(W)) if ranks is None else ranks
+    want = oracle(seed, spec, W, plan, ranks)
+    n_train = sum(1 for _, k, _ in shard_names(spec) if k == 0)
+    for res in results:
+        if res is None:
+            continue
+        r = res["rank"]
+        for step, (got, w) in enumerate(zip(res["steps"], want)):
+            case = f"W={W}, group rank {r}, backward {step}"
+            grads = [g for g, (_, k, _) in zip(got["grads"], shard_names(spec)) if k == 0]
+            frozen_grads = [g for g, (_, k, _) in zip(got["grads"], shard_names(spec)) if k == 1]
+            assert len(got["grads"]) == len(shard_names(spec)), (
+                f"fsdp.parameters() yields {len(got['grads'])} tensors, the contract {len(shard_names(spec))} "
+                f"shards ({case}): exactly the shards, per unit, the root last")
+            for i, (g, ww) in enumerate(zip(grads, to_shards(spec, w["grads"], W, r, kinds=(0,)))):
+                assert g is not None, f"shard {i}'s .grad is None after backward ({case})"
+                total = sum(to_shards(spec, w["grads"], W, r, kinds=(0,))[i].abs().sum() for _ in [0])
+                if W > 1 and torch.allclose(g, ww * W, atol=ATOL * W, rtol=RTOL) and float(total) > 0:
+                    raise AssertionError(f"shard gradient {i} is W={W} times the average ({case}): the gradients "
+                                         "are summed, not averaged (divide the reduce-scattered sum by W)")
+                assert_close(g, ww, atol=ATOL, rtol=RTOL, what=f"gradient of trainable shard {i} (unit order, "
+                             f"root last; {n_train} trainable)", case=case)
+            for g in frozen_grads:
+                assert g is None or not bool(g.abs().sum()), (
+                    f"a frozen shard got a gradient ({case}): frozen parameters get none")
+            for i, (p, ww) in enumerate(zip(got["params"], to_shards(spec, w["params"], W, r))):
+                assert_close(p, ww, atol=ATOL, rtol=RTOL, what=f"shard {i} after the SGD step", case=case)
+
+
+# ----------------------------------------------------------------------------- Part A
+
+@pytest.mark.part("A")
+def test_bad_arguments_raise(impl, seed):
+    spec = MLP
+
+    def body(rk):
+        model = rk.build_model({"layers": spec["layers"]}, init_state(seed, spec, 0))
+        other = rk.build_model({"layers": spec["layers"]}, init_state(seed, spec, 0))
+        L = model.layers
+        cases = {"module": ([L["b"]], {}, "TypeError", "module"), "units-type": ("b", {}, "TypeError", "units"),
+                 "units-items": ([L["b"], 3], {}, "TypeError", "units"),
+                 "prefetch": ([L["b"]], {"prefetch": 1}, "TypeError", ""),
+                 "not-inside": ([other.layers["b"]], {}, "ValueError", "units"),
+                 "root": ([model], {}, "ValueError", "units"), "twice": ([L["b"], L["b"]], {}, "ValueError", "units"),
+                 "nested": ([L, L["b"]], {}, "ValueError", "units")}
+        got = {}
+        for case, (units, kw, _, _) in cases.items():
+            target = 7 if case == "module" else model
+            try:
+                rk.call(rk.impl.FSDP, target, units, **kw)
+                got[case] = "no error"
+            except (RankError, AssertionError, Exception) as e:  # noqa: BLE001 - the error's words are graded
+                got[case] = f"{type(e).__name__}: {e}"[:600]
+        return got, cases
+    (got, cases), = run_ranks(body, 1, impl=impl, timeout=T)
+    for case, (_, _, kind, word) in cases.items():
+        assert kind in got[case] and word in got[case].split(kind, 1)[-1][:300], (
+            f"bad arguments: FSDP(..., {case}) must raise {kind}" + (f" naming `{word}`" if word else "")
+            + f"; got: {got[case][:200]}")
+
+
+@pytest.mark.part("A")
+def test_built_from_scratch(impl):
+    text = source(impl)
+    names = imported_names(text)
+    bad = sorted(n for n in names if n.startswith(FORBIDDEN_MODULES))
+    assert not bad, f"forbidden path: the submission imports {', '.join(bad)}: build FSDP from collectives"
+    tokens = sorted(t for t in FORBIDDEN_TOKENS if t in text)
+    assert not tokens, f"forbidden path: the source names {', '.join(tokens)}: build FSDP from collectives"
+
+
+@pytest.mark.part("A")
+@pytest.mark.points(3)
+def test_construction_broadcasts_and_cuts_the_contract_shards(impl, seed):
+    W = 3
+    res = train(impl, seed, W, MLP, plan=(), own_start=True, probe=("full_state",))
+    rank0 = init_state(seed, MLP, 0)
+    for r, out in enumerate(res):
+        case = f"W={W}, rank {r} (each rank started from its own weights and buffer)"
+        assert out["model_state"] == ["scale"], (
+            f"the wrapped module still holds parameters {out['model_state'][:4]} ({case}): remove every original "
+            "parameter (del m._parameters[name]); only the shards are nn.Parameters")
+        assert len(out["shards0"]) == len(shard_names(MLP)), (
+            f"fsdp.parameters() yields {len(out['shards0'])} tensors, the contract {len(shard_names(MLP))} shards "
+            f"({case}): the units' in list order, the root last, nothing else")
+        want = to_shards(MLP, rank0, W, r)
+        for i, (got, w) in enumerate(zip(out["shards0"], want)):
+            if tuple(got.shape) == tuple(w.shape) and not torch.equal(got.double(), w) and torch.equal(
+                    got.double(), to_shards(MLP, init_state(seed, MLP, r), W, r)[i]):
+                raise AssertionError(f"broadcast missing: shard {i} holds this rank's own initial weights ({case}): "
+                                     "broadcast every parameter and buffer from group rank 0 before cutting")
+            assert tuple(got.shape) == tuple(w.shape) and torch.equal(got.double(), w), (
+                f"shard layout: shard {i} is not elements [r*c, (r+1)*c) of its unit's padded flat ({case}): "
+                f"shape {tuple(got.shape)}, want {tuple(w.shape)}; got {got[:4].tolist()}, want {w[:4].tolist()}")
+        assert torch.equal(out["buffers0"]["scale"], rank0["scale"]), (
+            f"broadcast missing for buffers: `scale` is not rank 0's ({case}): broadcast every buffer in place")
+        full = out["full0"]
+        assert list(full) == [n for n, _, _ in params_of(MLP)] + ["scale"], (
+            f"full_state_dict keys {list(full)[:6]} ({case}): module.named_parameters() names, then buffers")
+        for n in full:
+            assert torch.equal(full[n].double(), rank0[n].double()), (
+                f"full_state_dict()[{n!r}] is not rank 0's initial value ({case})")
+
+
+@pytest.mark.part("A")
+@pytest.mark.points(3)
+@pytest.mark.parametrize("W", [1, 2, 3, 4], ids=lambda w: f"W{w}")
+def test_matches_single_process_training(W, impl, seed):
+    plan = [{}, {}]
+    check_training(train(impl, seed, W, MLP, plan), seed, MLP, W, plan)
+
+
+PAD = spec_of([layer("a", 1, 1), layer("b", 1, 5), layer("c", 5, 3), layer("d", 3, 2)], ["a", "b", "c"])
+
+
+@pytest.mark.part("A")
+@pytest.mark.points(2)
+@pytest.mark.parametrize("W", [3, 4], ids=lambda w: f"W{w}")
+def test_padding_with_units_of_2_10_18_elements(W, impl, seed):
+    plan = [{}, {}]
+    res = train(impl, seed, W, PAD, plan)
+    for out in res:
+        for step in out["steps"]:
+            for i, (g, (u, k, names)) in enumerate(zip(step["grads"], shard_names(PAD))):
+                N = sum(n for name, n, _ in params_of(PAD) if name in names)
+                c = math.ceil(N / W)
+                lo = max(0, N - out["rank"] * c)
+                assert g is None or not bool(g[lo:].abs().sum()) and not bool(step["params"][i][lo:].abs().sum()), (
+                    f"padding not zero: rank {out['rank']}'s shard {i} (unit of {N} elements, W={W}) holds nonzero "
+                    f"padding elements {g[lo:].tolist()}: pad the flat with zeros; padding gradients are zero")
+    check_training(res, seed, PAD, W, plan)
+
+
+FROZEN = spec_of([layer("a", 3, 6), layer("b", 6, 6, frozen=True), layer("c", 6, 5), layer("d", 5, 2, frozen=True)],
+                 ["b", "c"])
+
+
+@pytest.mark.part("A")
+@pytest.mark.points(2)
+def test_frozen_parameters_in_their_own_flat(impl, seed):
+    W, plan = 2, [{}, {}]
+    res = train(impl, seed, W, FROZEN, plan)
+    check_training(res, seed, FROZEN, W, plan)
+
+
+@pytest.mark.part("A")
+@pytest.mark.points(2)
+def test_two_backwards_accumulate_before_a_step(impl, seed):
+    W, plan = 2, [{"step": False}, {}, {}]
+    check_training(train(impl, seed, W, MLP, plan), seed, MLP, W, plan)
+
+
+@pytest.mark.part("A")
+@pytest.mark.points(2)
+@pytest.mark.parametrize("W", [3, 4], ids=lambda w: f"W{w}")
+def test_group_of_ranks_1_to_W_minus_1(W, impl, seed):
+    plan = [{}]
+    members = list(range(1, W))
+    res = train(impl, seed, W, MLP, plan, own_start=True, groups=[members])
+    want = oracle_group(seed, MLP, members)
+    for out in res[1:]:
+        r = out["rank"]
+        for i, (p, w) in enumerate(zip(out["shards0"], to_shards(MLP, init_state(seed, MLP, members[0]), W - 1, r))):
+            assert tuple(p.shape) == tuple(w.shape) and torch.equal(p.double(), w), (
+                f"group: shard {i} of group rank {r} is not the group's layout from group rank 0's (global rank "
+                f"{members[0]}) weights (W={W}, group {members}): W, r and the broadcast source come from the group")
+        for i, (g, w) in enumerate(zip(out["steps"][0]["grads"], to_shards(MLP, want, W - 1, r))):
+            assert_close(g, w, atol=ATOL, rtol=RTOL, what=f"group: gradient of shard {i} (average over the group)",
+                         case=f"W={W}, group {members}, group rank {r}")
+
+
+def oracle_group(seed, spec, members):
+    state = init_state(seed, spec, members[0])
+    names = [n for n, _, _ in params_of(spec)]
+    params = {n: state[n].clone().requires_grad_(True) for n in names}
+    full = dict(params, scale=state["scale"].double())
+    acc = {n: torch.zeros_like(params[n]) for n in names}
+    for gr in members:
+        x, go = batch(seed, gr, 0, spec)
+        gs = torch.autograd.grad((_forward(full, spec, x) * go.double()).sum(), [params[n] for n in names])
+        for n, g in zip(names, gs):
+            acc[n] += g / len(members)
+    return acc
+
+
+# ----------------------------------------------------------------------------- Part B
+
+BIG = spec_of([layer("a", 4, 8), layer("b", 8, 8), layer("c", 8, 7), layer("d", 7, 6), layer("e", 6, 2)],
+              ["b", "c", "d"])
+
+
+def unit_shards(spec, W):
+    """c of each unit's trainable flat (root last)."""
+    out = []
+    for pair in flats(spec):
+        N = sum(n for name, n, _ in params_of(spec) if name in pair[0])
+        out.append(math.ceil(N / W))
+    return out
+
+
+@pytest.mark.part("B")
+@pytest.mark.points(3)
+def test_step_sends_at_most_two_gathers_and_one_reduce_scatter_per_unit(impl, seed):
+    W = 3
+    res = train(impl, seed, W, BIG, plan=[{}])
+    cs = unit_shards(BIG, W)
+    bound = (W - 1) * sum(3 * c for c in cs)
+    for out in res:
+        st = out["steps"][0]
+        fwd = [e for e in st["fwd"] if e["k"] == "c10d"]
+        bwd = [e for e in st["bwd"] if e["k"] == "c10d"]
+        _, fk = sent_elements(fwd, W)
+        _, bk = sent_elements(bwd, W)
+        case = f"W={W}, rank {out['rank']}, unit shards c={cs} (root last)"
+        bad = [k for k, _ in fk if k != "ag"]
+        assert not bad, f"forward communicates {bad[0]} ({case}): forward issues only all-gathers"
+        bad = [k for k, _ in bk if k not in ("ag", "rs")]
+        assert not bad, (f"backward communicates {bad[0]} ({case}): backward issues only all-gathers and "
+                         "reduce-scatters (an all-reduce of the gradient sends 4Ψ(W-1)/W: use reduce-scatter)")
+        sent, _ = sent_elements(fwd + bwd, W)
+        assert sent <= bound, (
+            f"too many elements sent: {sent:.0f} per rank per step, the contract's bound is {bound} ({case}): two "
+            f"all-gathers and one reduce-scatter per unit; the ops: forward {fk[:6]}, backward {bk[:8]}")
+
+
+@pytest.mark.part("B")
+@pytest.mark.points(3)
+def test_gradients_reduce_scattered_unit_by_unit_during_backward(impl, seed):
+    W = 2
+    res = train(impl, seed, W, BIG, plan=[{}])
+    cs = unit_shards(BIG, W)
+    n = len(BIG["units"])
+    for out in res:
+        _, kinds = sent_elements([e for e in out["steps"][0]["bwd"] if e["k"] == "c10d"], W)
+        case = f"W={W}, rank {out['rank']}, unit shards c={cs} (root last); backward ops {kinds[:10]}"
+        for j in range(n - 1):
+            ags = [i for i, (k, c) in enumerate(kinds) if k == "ag" and c == cs[j]]
+            if not ags:
+                raise AssertionError(f"unit {j} is not all-gathered again in backward ({case}): gather before "
+                                     "its backward (ZeRO-3 frees after forward)")
+            done = [c for k, c in kinds[:ags[0]] if k == "rs"]
+            later = [cs[i] for i in range(j + 1, n)]
+            assert all(c in done for c in later), (
+                f"reduce-scatter deferred: when unit {j} is gathered for its backward, the reduce-scatters of units "
+                f"{list(range(j + 1, n))} (c={later}) have not all been launched ({case}): reduce-scatter each "
+                "unit's gradient as soon as it is complete (create the views at each forward)")
+
+
+@pytest.mark.part("B")
+@pytest.mark.points(3)
+def test_only_shards_persist_between_steps(impl, seed):
+    W = 2
+    res = train(impl, seed, W, BIG, plan=[{}, {}], probe=("reachable",))
+    shard_bytes = sum(c for c in unit_shards(BIG, W)) * 8
+    buffers = BIG["layers"][-1]["out"] * 4
+    bound = shard_bytes + buffers + 1024
+    for out in res:
+        case = f"W={W}, rank {out['rank']}, shards {shard_bytes} B, buffers {buffers} B"
+        assert out["reach0"] <= bound, (
+            f"more than the shards persist after construction: {out['reach0']} bytes reachable from the wrapper "
+            f"({case}): keep only the shards (own storage, not views of the construction buffer)")
+        for i, st in enumerate(out["steps"]):
+            assert st["reach"] <= bound, (
+                f"full parameters kept after backward: {st['reach']} bytes reachable from the wrapper after step "
+                f"{i} ({case}): free every gathered buffer (storage resized to 0) once its gradient is reduced")
+
+
+@pytest.mark.part("B")
+@pytest.mark.points(2)
+def test_no_grad_forward_frees_every_gathered_buffer(impl, seed):
+    W = 2
+    res = train(impl, seed, W, BIG, plan=[], probe=("no_grad", "reachable"))
+    state = init_state(seed, BIG, 0)
+    for out in res:
+        x, _ = batch(seed, out["rank"], 99, BIG)
+        want = _forward({k: v.double() for k, v in state.items()}, BIG, x)
+        assert_close(out["no_grad"]["y"], want, atol=ATOL, rtol=RTOL, what="output under torch.no_grad()",
+                     case=f"W={W}, rank {out['rank']}")
+        assert out["no_grad"]["reach"] <= out["reach0"], (
+            f"gathered buffers kept after a no-grad forward: {out['no_grad']['reach']} bytes reachable from the "
+            f"wrapper, {out['reach0']} after construction (W={W}, rank {out['rank']}): under torch.no_grad() free "
+            "every buffer, the root's included, before forward returns (pytorch/pytorch #149029)")
+
+
+# ----------------------------------------------------------------------------- Part C
+
+@pytest.mark.part("C")
+@pytest.mark.points(2)
+@pytest.mark.parametrize("W", [2, 3], ids=lambda w: f"W{w}")
+def test_prefetch_matches_training(W, impl, seed):
+    plan = [{}, {}]
+    check_training(train(impl, seed, W, BIG, plan, prefetch=True), seed, BIG, W, plan)
+
+
+def _ag_launches(events, W):
+    """(shard elements, async) of each all-gather launch, in order (the Python-level log)."""
+    out = []
+    for e in events:
+        if e["k"] == "launch" and "gather" in e["op"]:
+            n = e["numel"]
+            out.append((n, bool(e.get("async_op"))))
+    return out
+
+
+@pytest.mark.part("C")
+@pytest.mark.points(3)
+def test_prefetch_launches_the_next_gather_asynchronously(impl, seed):
+    W = 2
+    res = train(impl, seed, W, BIG, plan=[{}], prefetch=True)
+    cs = unit_shards(BIG, W)
+    n = len(BIG["units"])
+    for out in res:
+        st = out["steps"][0]
+        _, fk = sent_elements([e for e in st["fwd"] if e["k"] == "c10d"], W)
+        case = f"W={W}, rank {out['rank']}, unit shards c={cs} (root last)"
+        launches = [e for e in st["fwd"] if e["k"] == "launch"]
+        for i in range(1, n):
+            idx = [k for k, (kind, c) in enumerate(fk) if kind == "ag" and c == cs[i]]
+            assert idx, f"unit {i} is not gathered in forward ({case})"
+            lz = [e for e in launches if "gather" in e["op"]]
+            hit = [e for e in lz if e["numel"] in (cs[i], W * cs[i])]
+            assert hit and hit[0].get("async_op"), (
+                f"no prefetch in forward: unit {i}'s all-gather is blocking ({case}): with prefetch=True launch it "
+                "with async_op=True before unit i-1 computes, and wait for it just before unit i")
+        _, bk = sent_elements([e for e in st["bwd"] if e["k"] == "c10d"], W)
+        for i in range(1, n):
+            ag = next((k for k, (kind, c) in enumerate(bk) if kind == "ag" and c == cs[i - 1]), None)
+            rs = next((k for k, (kind, c) in enumerate(bk) if kind == "rs" and c == cs[i]), None)
+            assert ag is not None and rs is not None and ag < rs, (
+                f"no prefetch in backward: unit {i - 1}'s all-gather comes after unit {i}'s reduce-scatter ({case}; "
+                f"backward ops {bk[:10]}): launch it before unit {i}'s backward computes (BACKWARD_PRE)")
