@@ -57,6 +57,8 @@ def serve() -> None:
     for name in WARM_MODULES:
         with contextlib.suppress(ImportError):
             importlib.import_module(name)
+    from .sandbox import zygote
+    zygote.start()  # every run's sandbox workers fork from it (before any run: they inherit it)
     sock = socket.socket(fileno=os.dup(0))
     os.close(0)
     os.open(os.devnull, os.O_RDONLY)

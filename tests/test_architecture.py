@@ -16,6 +16,9 @@ LAZY = {
     # the staff CLI loads the course server (FastAPI, SQLAlchemy, Celery: +0.5 s) only for
     # its own commands, not for every `labs` call
     ("harness/cli/server.py", "server"), ("harness/cli/runner.py", "server"),
+    # the warm grader's own process starts the sandbox's zygote (the sandbox imports torch), not
+    # every process that imports forkserver to ask it for a run
+    ("harness/forkserver.py", "sandbox"),
 }
 
 

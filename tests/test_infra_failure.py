@@ -2,10 +2,9 @@
 
 The broken sandbox is real: a test-only pytest plugin, loaded into the grader's
 pytest process through ``PYTEST_PLUGINS`` (the trusted side: the worker's
-environment is scrubbed), replaces the launcher command
-(``harness.sandbox.isolation.isolation_prefix``) by one that exits or does not
-exist, so ``Worker.start`` raises ``SandboxStartError`` before any submission
-is imported. No production code reads a test hook.
+environment is scrubbed), replaces the sandbox's launcher (``harness.sandbox.zygote.spawn``) by a command
+that exits or does not exist, so ``Worker.start`` raises ``SandboxStartError``
+before any submission is imported. No production code reads a test hook.
 """
 from __future__ import annotations
 
@@ -21,14 +20,23 @@ import pytest
 from harness import classroom, grading
 from tests.conftest import ROOT, TOY_SOLUTION
 
-BROKEN_LAUNCHERS = {  # the command put in front of the worker's `python -I -c ...`
+BROKEN_LAUNCHERS = {  # the command started in place of the worker's launcher
     "exits": ["sh", "-c", "echo 'launcher: no sandbox on this host' >&2; exit 71", "sh"],
     "missing": ["/nonexistent/labs-launcher"],
 }
 HOOK = '''"""Test-only: the grader's sandbox launcher cannot start ({mode})."""
-from harness.sandbox import isolation
+import subprocess
 
-isolation.isolation_prefix = lambda: {prefix!r}
+from harness.sandbox import zygote
+
+
+def spawn(*, workdir, env, cgroup_procs, ctl, log):
+    proc = subprocess.Popen({prefix!r}, stdin=ctl, stdout=ctl, stderr=log, cwd=workdir, env=env)
+    proc.lib = ""
+    return proc
+
+
+zygote.spawn = spawn
 '''
 
 

@@ -134,7 +134,7 @@ def scrubbed_env(home: str) -> dict:
 
 
 @functools.lru_cache(maxsize=None)
-def worker_files(entry: str = "sandbox/server.py") -> tuple[str, ...]:
+def worker_files(entry: str = "sandbox/zygote.py") -> tuple[str, ...]:
     """The harness files the worker side imports, relative to the ``harness`` package: ``entry``
     and every harness module it imports, transitively (module-level and function-level
     imports, absolute or relative), with the ``__init__.py`` of each package above them; a

@@ -38,7 +38,7 @@ import torch
 
 from ..impl import APIMismatch
 from . import isolation, wire
-from . import cgroups, outside
+from . import cgroups, outside, zygote
 from .outside import descendants, ns_pid
 from .wire import Handle, WireError
 from ..errors import ExitCode, LabsError
@@ -169,7 +169,7 @@ class Worker:
 
     def __init__(self, cfg: WorkerConfig):
         self.cfg = cfg
-        self.proc: subprocess.Popen | None = None
+        self.proc: zygote.Launcher | None = None
         self.channels: list[_Channel] = []
         self.notes: list[str] = []
         self.import_error: str | None = None
@@ -189,22 +189,16 @@ class Worker:
             os.chown(self.workdir, drop[0], drop[1])
         os.chmod(self.workdir, 0o700)
         self._log = tempfile.TemporaryFile(prefix="labs-worker-log-")
-        # the worker imports a copy of this process's worker-facing harness modules, and no others
-        harness_parent = isolation.stage_harness(self.workdir)
-        boot = (f"import sys; sys.argv[1:] = []; sys.path.insert(0, {harness_parent!r}); "
-                "from harness.sandbox.server import main; main()")
         self.channels = [_Channel() for _ in range(self.cfg.servers)]
         # The control channel is a socket: the servers' pipes travel over it (SCM_RIGHTS) once the
-        # launcher runs, so no process between us and it (unshare) holds a copy that would hide an EOF.
+        # launcher runs, so no process between us and it holds a copy that would hide an EOF.
         ctl, ctl_child = socket.socketpair()
         self.groups = cgroups.WorkerGroups.make(self.cfg.servers, pids=self.cfg.nproc,
                                                 memory_bytes=(self.cfg.memory_mb + 1024) * (self.cfg.servers + 1) << 20)
-        cmd = (self.groups.join_prefix() if self.groups else []) + isolation.isolation_prefix() + \
-            [sys.executable, "-I", "-c", boot]
-        try:
-            self.proc = subprocess.Popen(cmd, stdin=ctl_child.fileno(), stdout=ctl_child.fileno(), stderr=self._log,
-                                         cwd=self.workdir, env=isolation.scrubbed_env(self.workdir),
-                                         start_new_session=True, close_fds=True)
+        try:  # a fork of the warm template (harness.sandbox.zygote): torch is imported already
+            self.proc = zygote.spawn(workdir=self.workdir, env=isolation.scrubbed_env(self.workdir),
+                                     cgroup_procs=self.groups.launcher.procs_files() if self.groups else [],
+                                     ctl=ctl_child.fileno(), log=self._log.fileno())
         except OSError as e:
             ctl.close()
             self.kill()
@@ -217,7 +211,7 @@ class Worker:
                  "namespaces": bool(isolation.isolation_prefix()),
                  "hide": [str(p) for p in self.cfg.hide], "own": self.cfg.own, "private": isolation.grader_side_files(),
                  "memory_mb": self.cfg.memory_mb, "cpu_s": self.cfg.cpu_s,
-                 "nproc": self.cfg.nproc, "harness_parent": harness_parent,
+                 "nproc": self.cfg.nproc, "harness_parent": self.proc.lib,
                  "package_dirs": isolation.package_dirs(),
                  "module_source": self.cfg.module_source, "module_filename": self.cfg.module_filename,
                  "stub_source": self.cfg.stub_source, "api": list(self.cfg.api), "lab": self.cfg.lab,
