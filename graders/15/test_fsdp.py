@@ -56,9 +56,10 @@ def layer(name, d_in, d_out, frozen=False):
 MLP = {"layers": [layer("a", 3, 6), layer("b", 6, 6), layer("c", 6, 5), layer("d", 5, 2)], "units": ["b", "c"]}
 
 
-def spec_of(layers, units):
-    """``units``: the names of the layers that are units (the others belong to the root)."""
-    return {"layers": layers, "units": list(units)}
+def spec_of(layers, units, ties=()):
+    """``units``: the names of the layers that are units (the others belong to the root);
+    ``ties``: ``(a, b)`` parameter names: b is a's Parameter itself (registered twice)."""
+    return {"layers": layers, "units": list(units), "ties": [list(t) for t in ties]}
 
 
 def params_of(spec):
@@ -152,7 +153,8 @@ def sent_elements(c10d, W):
 # ----------------------------------------------------------------------------- ranks
 
 def build(rk, seed, spec, own_start=False, group=None, prefetch=False):
-    model = rk.build_model({"layers": spec["layers"]}, init_state(seed, spec, rk.rank if own_start else 0))
+    ties = [[a.split(".")[1], b.split(".")[1], a.split(".")[2]] for a, b in spec.get("ties", [])]
+    model = rk.build_model({"layers": spec["layers"], "ties": ties}, init_state(seed, spec, rk.rank if own_start else 0))
     units = [model.layers[n] for n in spec["units"]]
     c = rk.call(rk.impl.FSDP, model, units, group=group, prefetch=prefetch, forbid=FORBID, c10d=True)
     return model, c
@@ -453,6 +455,10 @@ def check_training(results, seed, spec, W, plan, ranks=None, optim=None, what=""
 PAD = spec_of([layer("a", 1, 1), layer("b", 1, 5), layer("c", 5, 3), layer("d", 3, 2)], ["a", "b", "c"])
 FROZEN = spec_of([layer("a", 3, 6), layer("b", 6, 6, frozen=True), layer("c", 6, 5), layer("d", 5, 2, frozen=True)],
                  ["b", "c"])
+# b.weight is also c.weight (units b and c), c.bias also d.bias (unit c and the root's d): both belong to the
+# root, whose flat lists them once, at their first names; unit c owns nothing
+TIED = spec_of([layer("a", 3, 6), layer("b", 6, 6), layer("c", 6, 6), layer("d", 6, 6), layer("e", 6, 2)],
+               ["b", "c"], ties=[("layers.b.weight", "layers.c.weight"), ("layers.c.bias", "layers.d.bias")])
 # units of 272, 204, 182 elements (shards c = 136, 102, 91 at W=2; 91, 68, 61 at W=3), root 110: the shards
 # (3 KiB at W=2) outweigh the 1 KiB slack of the persistence bound
 BIG = spec_of([layer("a", 4, 16), layer("b", 16, 16), layer("c", 16, 12), layer("d", 12, 14), layer("e", 14, 2)],
@@ -474,6 +480,7 @@ def train_case(spec, plan=TWO, **kw):
 CASES = {
     1: [("bad_arguments", "bad_arguments", {}), ("mlp", *train_case(MLP))],
     2: [("mlp", *train_case(MLP)), ("frozen", *train_case(FROZEN)), ("accumulate", *train_case(MLP, ACCUMULATE)),
+        ("tied", *train_case(TIED)),
         ("big", *train_case(BIG, probe=("reachable", "no_grad"))),
         ("big_prefetch", *train_case(BIG, prefetch=True))],
     3: [("construct", *train_case(MLP, [], own_start=True, probe=("full_state",))), ("mlp", *train_case(MLP)),
@@ -585,6 +592,14 @@ def test_padding_with_units_of_2_10_18_elements(W, cases):
 def test_frozen_parameters_in_their_own_flat(cases):
     seed = cases.seed
     check_training(cases(2, "frozen"), seed, FROZEN, 2, TWO)
+
+
+@pytest.mark.part("A")
+@pytest.mark.points(2)
+def test_tied_parameters_belong_to_the_root(cases):
+    seed = cases.seed
+    check_training(cases(2, "tied"), seed, TIED, 2, TWO, what="tied: a parameter registered in two units, or in a unit and "
+                   "outside, belongs to the root (units b, c; b.weight is c.weight, c.bias is d.bias)")
 
 
 @pytest.mark.part("A")

@@ -22,7 +22,8 @@ class TrainNet(torch.nn.Module):
     :func:`probe_build_model` so that gradient-ready events are seen first).
 
     ``spec["layers"]``: a list of ``{"name", "in", "out", "bias", "dtype", "frozen"}``
-    linear layers applied in order, ``tanh`` between them; ``forward(x, skip=())`` leaves
+    linear layers applied in order, ``tanh`` between them (``spec["ties"]``: ``[src, dst,
+    attr]``: layer dst's ``attr`` is layer src's Parameter itself); ``forward(x, skip=())`` leaves
     out the layers named in ``skip`` (each of them square: unused parameters). The input
     is cast to each layer's dtype; the output is float32 times the buffer ``scale``
     (``(out,)``, broadcast at construction like every buffer). Every trainable parameter
@@ -41,6 +42,8 @@ class TrainNet(torch.nn.Module):
                 lin.requires_grad_(False)
             self.layers[L["name"]] = lin
         self._dtypes = {L["name"]: getattr(torch, L.get("dtype", "float32")) for L in spec["layers"]}
+        for src, dst, attr in spec.get("ties", []):  # one Parameter registered on two layers (lab 15)
+            setattr(self.layers[dst], attr, getattr(self.layers[src], attr))
         if spec["layers"]:
             self.register_buffer("scale", torch.ones(int(spec["layers"][-1]["out"])))
         for name, p in self.named_parameters():
