@@ -22,7 +22,8 @@ class TrainNet(torch.nn.Module):
     :func:`probe_build_model` so that gradient-ready events are seen first).
 
     ``spec["layers"]``: a list of ``{"name", "in", "out", "bias", "dtype", "frozen"}``
-    linear layers applied in order, ``tanh`` between them; ``forward(x, skip=())`` leaves
+    linear layers applied in order, ``tanh`` between them (``spec["ties"]``: ``[src, dst,
+    attr]``: layer dst's ``attr`` is layer src's Parameter itself); ``forward(x, skip=())`` leaves
     out the layers named in ``skip`` (each of them square: unused parameters). The input
     is cast to each layer's dtype; the output is float32 times the buffer ``scale``
     (``(out,)``, broadcast at construction like every buffer). Every trainable parameter
@@ -40,6 +41,9 @@ class TrainNet(torch.nn.Module):
             if L.get("frozen"):
                 lin.requires_grad_(False)
             self.layers[L["name"]] = lin
+        self._dtypes = {L["name"]: getattr(torch, L.get("dtype", "float32")) for L in spec["layers"]}
+        for src, dst, attr in spec.get("ties", []):  # one Parameter registered on two layers (lab 15)
+            setattr(self.layers[dst], attr, getattr(self.layers[src], attr))
         if spec["layers"]:
             self.register_buffer("scale", torch.ones(int(spec["layers"][-1]["out"])))
         for name, p in self.named_parameters():
@@ -71,7 +75,8 @@ class TrainNet(torch.nn.Module):
         names = [n for n in self.layers if n not in skip]
         for i, n in enumerate(names):
             lin = self.layers[n]
-            x = lin(x.to(lin.weight.dtype))
+            # a sharding wrapper may leave the attribute absent until the layer's own call (lab 15)
+            x = lin(x.to(lin.weight.dtype if hasattr(lin, "weight") else self._dtypes[n]))
             if i < len(names) - 1:
                 x = torch.tanh(x)
         return x.to(torch.float32) * self.scale
@@ -132,12 +137,14 @@ def probe_stage_stats(module, target, reset=False):
 TORCH_FUNCTIONS = {"torch.nn.functional.mse_loss": torch.nn.functional.mse_loss,
                    "torch.nn.functional.cross_entropy": torch.nn.functional.cross_entropy,
                    "torch.nn.functional.relu": torch.nn.functional.relu,
-                   "torch.nn.functional.silu": torch.nn.functional.silu}
+                   "torch.nn.functional.silu": torch.nn.functional.silu,
+                   "torch.optim.SGD": torch.optim.SGD, "torch.optim.AdamW": torch.optim.AdamW}
 
 
 def probe_torch_function(module, dotted):
     """A handle to one of ``TORCH_FUNCTIONS`` (bound before the submission is imported), e.g.
-    a loss function or an activation a grader passes to the submission."""
+    a loss function or an activation a grader passes to the submission, or an optimizer class a
+    grader builds on the submission's parameters (lab 15: ``rk.call(handle, fsdp.parameters(), lr=...)``)."""
     if dotted not in TORCH_FUNCTIONS:
         raise ValueError(f"{dotted!r} is not one of {sorted(TORCH_FUNCTIONS)}")
     return TORCH_FUNCTIONS[dotted], {"keep": True}
