@@ -7,6 +7,7 @@ failing case, then a few elements.
 from __future__ import annotations
 
 import ast
+import contextlib
 from typing import Iterable, Sequence
 
 import pytest
@@ -250,3 +251,30 @@ def assert_storage_unchanged(before: list, after: list, bug: str, case: str) -> 
     if len(before) != len(after):
         changed.append(f"{len(before)} storage(s) before, {len(after)} after")
     assert not changed, f"{bug} ({case}): " + "; ".join(changed[:3])
+
+
+@contextlib.contextmanager
+def one_thread(impl):
+    """torch's intra-op threads at 1 in this process (the oracle) and in the implementation's
+    (through the module's own ``torch``) for the block, restored after: on a loaded 2-core
+    machine a second OpenMP thread made tiny float64 models ~30x slower (labs 13 and 14). A
+    module whose ``torch`` is not torch, or a worker that died meanwhile, is left alone."""
+    sides = [torch]
+    try:
+        sides.append(impl.torch)
+    except AttributeError:
+        pass
+    before = []
+    for t in sides:
+        try:
+            before.append(int(t.get_num_threads()))
+            t.set_num_threads(1)
+        except Exception:  # noqa: BLE001 - a module whose torch is not torch: its own business
+            before.append(None)
+    try:
+        yield
+    finally:
+        for t, n in zip(sides, before):
+            if n is not None:
+                with contextlib.suppress(Exception):  # a worker that died took the setting with it
+                    t.set_num_threads(n)

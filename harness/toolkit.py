@@ -58,12 +58,12 @@ from .sandbox.ranks import run as run_ranks
 from .sandbox.timing import timed
 from .sandbox.worker import SandboxError, is_remote
 from .testing import (DTYPES, MiB, assert_close, assert_memory, assert_storage_unchanged, call_id, checked, devices,
-                      expect_raises, imported_names, measure_checked, randn, tolerance)
+                      expect_raises, imported_names, measure_checked, one_thread, randn, tolerance)
 
 __all__ = [
     # checks and inputs
     "DTYPES", "MiB", "devices", "tolerance", "randn", "call_id", "assert_close", "assert_memory", "checked",
-    "measure_checked", "expect_raises", "assert_storage_unchanged", "imported_names",
+    "measure_checked", "expect_raises", "assert_storage_unchanged", "imported_names", "one_thread",
     # sandbox calls and probes
     "measure", "timed", "restart", "source", "is_instance", "is_remote", "vjp", "gradcheck", "param_grads",
     "saved_tensors", "call_views", "fill_held", "held_bytes", "held_storages", "watch_storages", "resident_bytes",

@@ -42,7 +42,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from harness.toolkit import is_remote
+from harness.toolkit import is_remote, one_thread
 
 V = 64                  # the contract's ModelConfig().vocab_size
 TIE_TOL = 1e-9          # logits within this of the max are tied (float64 paged vs oracle differ ~1e-14)
@@ -1022,28 +1022,9 @@ def prompts_with_gap(oracle, gen, n, lengths, max_new, min_gap=1e-6):
 
 @pytest.fixture(autouse=True)
 def _one_thread(impl):
-    """torch's intra-op threads at 1 here (the oracle) and in the implementation's process (through the
-    module's own ``torch``): on a loaded 2-core machine a second OpenMP thread made the tiny float64
-    model ~30x slower (the contract's note)."""
-    sides = [torch]
-    try:
-        sides.append(impl.torch)
-    except AttributeError:
-        pass
-    before = []
-    for t in sides:
-        try:
-            before.append(int(t.get_num_threads()))
-            t.set_num_threads(1)
-        except Exception:  # noqa: BLE001 - a module whose torch is not torch: its own business
-            before.append(None)
-    yield
-    for t, n in zip(sides, before):
-        if n is not None:
-            try:
-                t.set_num_threads(n)
-            except Exception:  # noqa: BLE001 - a worker that died took the setting with it
-                pass
+    """torch's intra-op threads at 1 on both sides (``harness.toolkit.one_thread``)."""
+    with one_thread(impl):
+        yield
 
 
 @pytest.fixture

@@ -26,7 +26,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from harness.toolkit import build_spec_models
+from harness.toolkit import build_spec_models, one_thread
 
 DELTA = 1e-6
 K_MIX = 7
@@ -164,26 +164,9 @@ def joint_probs(impl, tables, prompt, new, temperature, top_k, top_p) -> dict:
 
 @pytest.fixture(autouse=True)
 def _one_thread(impl):
-    """torch's intra-op threads at 1 here and in the implementation's process (tiny tensors)."""
-    sides = [torch]
-    try:
-        sides.append(impl.torch)
-    except AttributeError:
-        pass
-    before = []
-    for t in sides:
-        try:
-            before.append(int(t.get_num_threads()))
-            t.set_num_threads(1)
-        except Exception:  # noqa: BLE001 - a module whose torch is not torch: its own business
-            before.append(None)
-    yield
-    for t, n in zip(sides, before):
-        if n is not None:
-            try:
-                t.set_num_threads(n)
-            except Exception:  # noqa: BLE001 - a worker that died took the setting with it
-                pass
+    """torch's intra-op threads at 1 on both sides (``harness.toolkit.one_thread``)."""
+    with one_thread(impl):
+        yield
 
 
 @pytest.fixture
