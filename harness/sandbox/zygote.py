@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import gc
 import glob
 import json
 import os
@@ -78,6 +79,7 @@ def serve(path: str) -> None:
     for name in WARM:  # what server.main imports (Triton where it is installed)
         with contextlib.suppress(ImportError):
             importlib.import_module(name)
+    gc.freeze()  # the warm heap: a worker's collections skip it, and its pages stay shared
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     listener.bind(path)
     os.chmod(path, 0o600)

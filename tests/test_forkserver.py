@@ -1,0 +1,38 @@
+"""harness.forkserver on its own: a run is a fresh fork of the warm server, compiles nothing
+into the tree it runs in, and finds the server's warm state (plugins, frozen heap, bytecode cache)."""
+from __future__ import annotations
+
+import json
+import os
+import textwrap
+
+from harness import forkserver
+
+PROBE = textwrap.dedent('''
+    import gc, json, os, sys
+
+    def test_report():
+        harness = sys.modules["harness"]
+        state = {"prefix": sys.pycache_prefix, "frozen": gc.get_freeze_count(), "left": hasattr(harness, "LEFT"),
+                 "xdist": "xdist.plugin" in sys.modules, "pid": os.getpid()}
+        harness.LEFT = True
+        with open(os.environ["PROBE_OUT"], "a") as f:
+            f.write(json.dumps(state) + "\\n")
+''')
+
+
+def test_runs_share_the_warm_server_and_write_no_bytecode_into_the_tree(tmp_path):
+    (tmp_path / "test_probe.py").write_text(PROBE)
+    out = tmp_path.parent / f"{tmp_path.name}-probe.jsonl"
+    env = {**os.environ, "PROBE_OUT": str(out), "PYTHONDONTWRITEBYTECODE": "1"}
+    for _ in range(2):
+        code, text, timed_out = forkserver.run([str(tmp_path), "-q", "-p", "no:cacheprovider", "-p", "no:randomly"],
+                                               cwd=tmp_path, env=env, timeout=120)
+        assert (code, timed_out) == (0, False), text
+    first, second = (json.loads(line) for line in out.read_text().splitlines())
+    assert first["pid"] != second["pid"] and not second["left"], "each run is a fresh fork: nothing of the last"
+    assert first["frozen"] > 0 and first["xdist"], "a run forks from the warm server (frozen heap, plugins imported)"
+    prefix = first["prefix"]
+    assert prefix and not prefix.startswith(str(tmp_path)), "the rewritten test modules are cached outside the tree"
+    assert not list(tmp_path.rglob("__pycache__")), "a run wrote bytecode into the course tree"
+    assert list(os.scandir(prefix)), "the first run cached the rewritten test module for the next"
