@@ -18,7 +18,7 @@ from harness import manifest  # noqa: E402
 from harness.cli import submit as submit_cli  # noqa: E402
 from harness.server import app as app_mod, latedays, service  # noqa: E402
 from tests.conftest import TOY_SOLUTION, TOY_STUB, TOY_YAML  # noqa: E402
-from tests.test_server_api import Clock, record  # noqa: E402
+from tests.test_server_api import Clock, db_url, postgres, record  # noqa: E402,F401  (fixtures)
 from tests.test_server_cli import labs  # noqa: E402
 from tests.test_server_pages import Browser, self_contained  # noqa: E402
 
@@ -26,7 +26,7 @@ DAY = 86400.0
 
 
 @pytest.fixture
-def course_server(tmp_path):
+def course_server(tmp_path, db_url):
     """Labs 07 and 08 (10 points each): 07 due 2 days minus an hour ago, 08 due 3 days
     minus an hour ago (a submission now is 2 and 3 started days late); a budget of 3
     late days, 10% off per charged day, late submissions accepted for 4 days."""
@@ -43,7 +43,7 @@ def course_server(tmp_path):
     data["late_days"] = {"budget": 3}
     (root / "labs.yaml").write_text(yaml.safe_dump(data, sort_keys=False))
     course = manifest.load(root)
-    url = f"sqlite:///{tmp_path / 'server.db'}"
+    url = db_url
     app = app_mod.create_app(course, url, reap_every_s=3600, clock=clock)
     client = TestClient(app)
     with app.state.sessions() as s:

@@ -15,14 +15,14 @@ from fastapi.testclient import TestClient  # noqa: E402
 
 from harness.server import app as app_mod, service  # noqa: E402
 from tests.conftest import TOY_SOLUTION  # noqa: E402
-from tests.test_server_api import Clock, record, write_course  # noqa: E402
+from tests.test_server_api import Clock, db_url, postgres, record, write_course  # noqa: E402,F401  (fixtures)
 from tests.test_server_cli import labs  # noqa: E402
 
 DAY = 86400.0
 
 
 @pytest.fixture
-def graded(toy_course, tmp_path):
+def graded(toy_course, tmp_path, db_url):
     """Lab 07 (10 points) due now - 2 days, 10% off per late day: bob graded on time,
     alice (with an e-mail) 2 started days late, carol graded twice (the newest counts),
     dave submitted but not graded. Each graded run scores 8.5 before the penalty."""
@@ -30,7 +30,7 @@ def graded(toy_course, tmp_path):
     deadline = datetime.fromtimestamp(clock.t + DAY, timezone.utc)
     course = write_course(toy_course, {"late": {"grace_minutes": 0, "max_days": 5, "penalty_per_day": 0.1}},
                           deadline)
-    url = f"sqlite:///{tmp_path / 'server.db'}"
+    url = db_url
     app = app_mod.create_app(course, url, reap_every_s=3600, clock=clock)
     client = TestClient(app)
     with app.state.sessions() as s:

@@ -16,10 +16,11 @@ from alembic.config import Config  # noqa: E402
 from alembic.migration import MigrationContext  # noqa: E402
 
 from harness.server import db  # noqa: E402
+from tests.test_server_api import db_url, postgres  # noqa: E402,F401  (fixtures)
 
 
-def test_models_match_the_migrated_schema_and_0003_0004_go_down_and_up(tmp_path):
-    url = f"sqlite:///{tmp_path / 'server.db'}"
+def test_models_match_the_migrated_schema_and_0003_0004_go_down_and_up(tmp_path, db_url):
+    url = db_url
     db.upgrade(url)
     engine = db.engine_for(url)
     with engine.connect() as c:

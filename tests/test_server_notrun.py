@@ -18,17 +18,18 @@ from harness import manifest  # noqa: E402
 from harness.cli import submit as submit_cli  # noqa: E402
 from harness.server import app as app_mod, runner, service  # noqa: E402
 from tests.conftest import TOY_SOLUTION  # noqa: E402
+from tests.test_server_api import db_url, postgres  # noqa: E402,F401  (fixtures)
 from tests.test_server_pages import Browser, self_contained  # noqa: E402
 
 H100 = "NVIDIA H100 80GB HBM3"
 
 
-def test_perf_on_an_uncalibrated_model_is_not_run_everywhere(toy_course, tmp_path, monkeypatch, capsys):
+def test_perf_on_an_uncalibrated_model_is_not_run_everywhere(toy_course, tmp_path, monkeypatch, capsys, db_url):
     yaml_path = toy_course / "labs.yaml"
     yaml_path.write_text(yaml_path.read_text().replace(
         "labs:\n", f"perf_calibrated_on: [{H100}]\nsubmissions: {{hidden_results: always}}\nlabs:\n", 1))
     course = manifest.load(toy_course)
-    url = f"sqlite:///{tmp_path / 'server.db'}"
+    url = db_url
     app = app_mod.create_app(course, url, reap_every_s=3600)
     client = TestClient(app)
     with app.state.sessions() as s:

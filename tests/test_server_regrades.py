@@ -18,6 +18,7 @@ from harness import manifest  # noqa: E402
 from harness.cli import submit as submit_cli  # noqa: E402
 from harness.server import app as app_mod, db, runner, service  # noqa: E402
 from tests.conftest import TOY_GRADER, TOY_SOLUTION  # noqa: E402
+from tests.test_server_api import db_url, postgres  # noqa: E402,F401  (fixtures)
 from tests.test_server_cli import labs  # noqa: E402
 from tests.test_server_pages import Browser, Dom, self_contained  # noqa: E402
 
@@ -34,11 +35,11 @@ def _page(client, path: str, folder, name: str) -> Dom:
     return Browser(folder / "chromium").dom(f.as_uri())
 
 
-def test_a_regrade_after_a_grader_change_keeps_both_results(toy_course, tmp_path, capsys):
+def test_a_regrade_after_a_grader_change_keeps_both_results(toy_course, tmp_path, capsys, db_url):
     grader = toy_course / "graders/07/test_toy.py"
     grader.write_text(BUGGY)
     course = manifest.load(toy_course)
-    url = f"sqlite:///{tmp_path / 'server.db'}"
+    url = db_url
     app = app_mod.create_app(course, url, reap_every_s=3600)
     student, staff = TestClient(app), TestClient(app)
     with app.state.sessions() as s:

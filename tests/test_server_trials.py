@@ -19,19 +19,20 @@ from harness import manifest  # noqa: E402
 from harness.cli import submit as submit_cli  # noqa: E402
 from harness.server import app as app_mod, db, runner, service  # noqa: E402
 from tests.conftest import TOY_GRADER, TOY_SOLUTION  # noqa: E402
+from tests.test_server_api import db_url, postgres  # noqa: E402,F401  (fixtures)
 from tests.test_server_pages import Browser, self_contained  # noqa: E402
 
 HIDDEN = "test_hidden_correctness_7d1e"
 
 
 def test_a_trial_runs_visible_and_perf_tests_after_submissions_and_counts_for_nothing(toy_course, tmp_path,
-                                                                                     monkeypatch, capsys):
+                                                                                     monkeypatch, capsys, db_url):
     (toy_course / "graders/07/test_toy.py").write_text(
         TOY_GRADER + f'\n@pytest.mark.part("A")\ndef {HIDDEN}(impl):\n    assert impl.add(2) == 3\n')
     yaml_path = toy_course / "labs.yaml"
     yaml_path.write_text(yaml_path.read_text().replace("labs:\n", "trials: {per_lab: 2}\nlabs:\n", 1))
     course = manifest.load(toy_course)
-    url = f"sqlite:///{tmp_path / 'server.db'}"
+    url = db_url
     app = app_mod.create_app(course, url, reap_every_s=3600)
     client = TestClient(app)
     with app.state.sessions() as s:
