@@ -25,7 +25,8 @@ Recomputation and loss scaling (``harness.sandbox.calls``; trusted modules built
   model), ``RecomputeNet``, ``GradScalerAdapter`` (``torch.amp.GradScaler``, the oracle)
 
 Speculative decoding (``harness.sandbox.calls``; trusted table models built next to the code)
-  ``build_spec_models`` (the graders' ``TableModel`` s in the worker), ``model_log`` (a model's calls,
+  ``build_spec_models`` (the graders' ``TableModel`` s in the worker), ``build_spec_decoders`` (the perf
+  tests' target, draft and target-only baseline, in the worker or here), ``model_log`` (a model's calls,
   kept outside the objects the submission gets), ``spec_runs`` (seeded runs of a generate function)
 
 Oracles, in float64 (``harness.oracles``)
@@ -46,7 +47,7 @@ from __future__ import annotations
 from .alloc import AllocationTracker
 from .bench import attention_flops, geomean
 from .oracles import attention, causal_mask, train_net
-from .sandbox.calls import (build_recompute, build_spec_models, call_views, drive_scaler, fill_held, gradcheck,
+from .sandbox.calls import (build_recompute, build_spec_decoders, build_spec_models, call_views, drive_scaler, fill_held, gradcheck,
                             held_bytes, held_storages, is_instance, measure, model_log, param_grads, recompute,
                             reachable_bytes, resident_bytes, restart, saved_tensors, source, spec_runs, train_steps,
                             vjp, watch_storages)
@@ -71,7 +72,7 @@ __all__ = [
     # recomputation and loss scaling
     "build_recompute", "recompute", "drive_scaler", "train_steps", "RecomputeNet", "GradScalerAdapter",
     # speculative decoding
-    "build_spec_models", "model_log", "spec_runs",
+    "build_spec_models", "build_spec_decoders", "model_log", "spec_runs",
     # oracles
     "attention", "causal_mask", "train_net",
     # ranks

@@ -5,7 +5,7 @@ its target (a handle) or in this process (a local object, ``--sandbox none``), s
 graders are written once for both. :func:`run_probe` is the one path; it reads the
 outside figures (``harness.sandbox.outside``) around the request. :class:`Measurement`
 is what :func:`measure` saw. The recomputation and loss-scaling drivers of lab 12, then lab 14's
-table models and seeded runs, are at the end.
+table models, decoders and seeded runs, are at the end.
 """
 from __future__ import annotations
 
@@ -481,7 +481,7 @@ def train_steps(target, *, spec: dict, state: dict, batches: list, scaler=None, 
     return value
 
 
-# --- speculative decoding (lab 14): the graders' table models, their logs, seeded runs ---------------
+# --- speculative decoding (lab 14): the graders' table models and decoders, their logs, seeded runs ---
 
 def build_spec_models(on, tables: list) -> list:
     """The graders' trusted ``TableModel`` s (``harness.sandbox.probes.speculative``), one per
@@ -496,6 +496,21 @@ def build_spec_models(on, tables: list) -> list:
         value = probes.PROBES["build_spec_models"](on, specs)[0]
     if not isinstance(value, list) or len(value) != len(tables):
         raise SandboxError("the implementation's process sent malformed table models")
+    return value
+
+
+def build_spec_decoders(on, spec: dict) -> list:
+    """``[target, draft, baseline]`` of the perf tests (``probes.speculative.decoder_pair`` and
+    ``TargetOnly``, the target's KV-cached greedy decoding): made in the worker holding ``on`` (the
+    implementation module's handle; the value is then handles) or here (``on`` None or a local module:
+    the trusted side's own copy, the same weights from the same ``spec["seed"]``)."""
+    spec = {k: (str(v).removeprefix("torch.") if k in ("dtype", "device") else v) for k, v in spec.items()}
+    if isinstance(on, RemoteObject):
+        value = run_probe("build_spec_decoders", on=on, spec=spec, what="building the graders' decoders")[0]
+    else:
+        value = probes.PROBES["build_spec_decoders"](on, spec)[0]
+    if not isinstance(value, list) or len(value) != 3:
+        raise SandboxError("the implementation's process sent malformed decoders")
     return value
 
 
