@@ -19,9 +19,20 @@ FULL_MARGIN = 1.3   # full credit up to 30% slower than the reference (run-to-ru
 ZERO_FACTOR = 3.0   # no credit from 3x the full-credit ratio
 
 
-def suggest(ratio: float) -> tuple[float, float]:
-    """(full_credit, zero_credit) for a reference ``ratio``: ``max(1, ratio) * FULL_MARGIN``
-    and ``ZERO_FACTOR`` times that, rounded to 2 places."""
+def suggest(ratio: float, speedup: bool = False) -> tuple[float, float]:
+    """(full_credit, zero_credit) for a reference ``ratio``, rounded to 2 places:
+    ``max(1, ratio) * FULL_MARGIN`` and ``ZERO_FACTOR`` times that; for a ``speedup`` key
+    (``PerfThreshold.speedup``: the baseline is the same work without the technique) the
+    reference's own ratio times ``FULL_MARGIN`` and 1.0, since doing no better than the
+    baseline earns nothing. Raises ValueError for a speedup key whose reference is not faster
+    than ``1 / FULL_MARGIN`` of its baseline here: no thresholds would tell the technique from
+    its absence on this machine."""
+    if speedup:
+        full = round(ratio * FULL_MARGIN, 2)
+        if full >= 1.0:
+            raise ValueError(f"the reference's ratio {ratio:.3g} is not below 1/{FULL_MARGIN} on this machine: "
+                             "its speed-up is within the noise, so no thresholds can be suggested")
+        return full, 1.0
     full = round(max(1.0, ratio) * FULL_MARGIN, 2)
     return full, round(full * ZERO_FACTOR, 2)
 
@@ -44,7 +55,11 @@ def calibrate(course: Course, lab: Lab, gpu_model: str, *, timeout_s: float | No
         if row["cases"]:
             row["ratio"] = statistics.median(c["ratio"] for c in row["cases"])
             row["credit"] = lab.perf[k].credit(row["ratio"])
-            row["suggested_full_credit"], row["suggested_zero_credit"] = suggest(row["ratio"])
+            try:
+                row["suggested_full_credit"], row["suggested_zero_credit"] = suggest(row["ratio"], lab.perf[k].speedup)
+            except ValueError as e:
+                row["suggested_full_credit"] = row["suggested_zero_credit"] = None
+                row["problem"] = str(e)
     not_run = [f"{t.name}: {t.outcome}: {t.output[:200]}" for t in result.tests if not t.perf]
     return {"lab": lab.number, "gpu_model": gpu_model, "duration_s": round(result.duration_s, 1), "perf": keys,
             "not_run": not_run}

@@ -69,11 +69,17 @@ class PerfThreshold(_Strict):
     zero_credit: float = Field(gt=0)
     baseline: str = Field(description="what the ratio is measured against, in words")
     bands: int = Field(4, ge=1, le=20, description="credit steps between full_credit and zero_credit")
+    speedup: bool = Field(False, description="the baseline is the same work without the technique graded "
+                                             "(speculative decoding, continuous batching): no credit from 1.0, "
+                                             "and `labs calibrate` suggests thresholds below it")
 
     @model_validator(mode="after")
     def _ordered(self):
         if self.zero_credit <= self.full_credit:
             raise ValueError(f"zero_credit ({self.zero_credit}) must exceed full_credit ({self.full_credit})")
+        if self.speedup and self.zero_credit > 1.0:
+            raise ValueError(f"a speedup key earns nothing from 1.0 (no faster than its baseline): zero_credit "
+                             f"({self.zero_credit}) must be at most 1.0")
         return self
 
     def edges(self) -> list[float]:

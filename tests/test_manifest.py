@@ -55,6 +55,20 @@ def test_perf_threshold_credit_comes_in_bands_and_is_clamped():
         PerfThreshold(baseline="b", full_credit=2, zero_credit=1)
 
 
+def test_a_speedup_key_earns_nothing_from_its_baseline_and_calibrate_suggests_below_it():
+    """A speed-up over the same work without the technique (speculative decoding against
+    target-only decoding): a ratio of 1.0 earns nothing, and ``labs calibrate`` suggests full
+    credit near the reference's ratio, not the ``max(1, ratio)`` of a key against torch."""
+    from harness.calibrate import suggest
+    with pytest.raises(ValueError, match="speedup key earns nothing from 1.0"):
+        PerfThreshold(baseline="b", full_credit=0.7, zero_credit=1.2, speedup=True)
+    assert PerfThreshold(baseline="b", full_credit=0.7, zero_credit=1.0, speedup=True).credit(1.0) == 0.0
+    assert suggest(0.56, speedup=True) == (0.73, 1.0)
+    assert suggest(0.56) == (1.3, 3.9)  # against torch: up to 30% slower than torch is full credit
+    with pytest.raises(ValueError, match="within the noise"):
+        suggest(0.8, speedup=True)
+
+
 def test_find_root_walks_up_and_honours_env(tmp_path, monkeypatch):
     monkeypatch.delenv("LABS_COURSE", raising=False)
     (tmp_path / "labs.yaml").write_text("name: x\nlabs: {}\n")

@@ -306,7 +306,11 @@ def calibrate_command(ctx, lab_numbers, json_path):
             ran = row["ratio"] is not None
             t.add_row(key, escape(row["baseline"]), f"{row['ratio']:.3f}" if ran else "not run here",
                       f"{row['full_credit']:g} / {row['zero_credit']:g}", f"{row['credit']:.2f}" if ran else "",
-                      f"{row['suggested_full_credit']:g} / {row['suggested_zero_credit']:g}" if ran else "")
+                      f"{row['suggested_full_credit']:g} / {row['suggested_zero_credit']:g}"
+                      if ran and "problem" not in row else "")
+        for key, row in got["perf"].items():
+            if "problem" in row:
+                c.print(escape(f"  {key}: {row['problem']}"))
         c.print(t)
         for line in got["not_run"]:
             c.print(escape(f"  not run: {line}"))
