@@ -23,7 +23,7 @@ from sqlalchemy import func, select
 
 from .. import grading
 from ..manifest import Course
-from . import db, pages, service
+from . import db, lti, pages, service
 from .db import Job
 from .deps import Publish, Server, SessionDep
 from .routes import ROUTERS
@@ -106,10 +106,12 @@ def reaper(server: Server, stop: threading.Event, every_s: float) -> None:
 
 
 def sweep(server: Server) -> None:
-    """One reaper pass: expired leases back to the queue, and to the broker."""
+    """One reaper pass: expired leases back to the queue, and to the broker; the grades
+    waiting for an LMS posted (``lti.send_pending``)."""
     with server.sessions() as s:
         for job_id in service.reap(s, server.clock()):
             server.publish_job(s, job_id)
+    lti.send_pending(server.sessions, server.course, server.clock())  # grades for LMS line items, retried
 
 
 def create_app(course: Course, url: str, *, publish: Publish | None = None, reap_every_s: float = 5.0,
