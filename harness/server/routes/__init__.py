@@ -8,4 +8,4 @@ from __future__ import annotations
 
 from . import bridge, lti, pages, runner, staff, submissions, trials
 
-ROUTERS = [submissions.router, trials.router, runner.router, bridge.router, staff.router, lti.router, pages.router]
+ROUTERS = [submissions.router, trials.router, runner.router, runner.trial_router, bridge.router, staff.router, lti.router, pages.router]
