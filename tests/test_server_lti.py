@@ -316,6 +316,8 @@ def test_launch_deep_link_submit_grade_and_the_score_reaches_the_platforms_line_
     assert r.status_code == 200, r.text
     assert "Lab 07: Toy lab" in r.text and "Signed in as <strong>alice@uni.test</strong>" in r.text
     assert "goes back to" in r.text
+    (session_cookie,) = [c for c in r.headers.get_list("set-cookie") if c.startswith("labs_token=")]
+    assert "samesite=lax" in session_cookie.lower() and "httponly" in session_cookie.lower()
     page = tmp_path / "launch.html"
     page.write_text(r.text)
     dom = Browser(tmp_path / "chromium").dom(page.as_uri())

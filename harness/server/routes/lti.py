@@ -79,6 +79,7 @@ def _launch(srv: Server, req: lti.LtiRequest, base: str, query_lab: str | None, 
     except lti.REFUSED as e:
         return HTMLResponse(pages.lti_refused(course, f"LTI launch refused: {e}"), 401)
     resp = HTMLResponse(html)
-    resp.set_cookie(COOKIE, token, httponly=True, secure=secure, samesite="none" if secure else "lax",
-                    max_age=int(lti.SESSION_S))
+    # Lax, never None: a page of another site cannot post to this server's forms with it (the
+    # state cookie pylti1p3 needs across the platform's cross-site POST is SameSite=None over HTTPS)
+    resp.set_cookie(COOKIE, token, httponly=True, secure=secure, samesite="lax", max_age=int(lti.SESSION_S))
     return resp
