@@ -51,7 +51,7 @@ def not_run_reason(report) -> str | None:
         return str(report.longrepr[2]).partition(NOT_RUN_MARK)[2]
     return None
 
-SCHEMA_VERSION = 2  # 2: the runs_checkout_lab index (progress keyed by checkout)
+SCHEMA_VERSION = 3  # 2: the runs_checkout_lab index (progress keyed by checkout); 3: results.reason
 APP_NAME = "ai-infra-labs"
 DB_FILENAME = "progress.sqlite3"
 BUSY_TIMEOUT_S = 5.0   # per attempt; a transaction holds the lock for milliseconds
@@ -86,7 +86,8 @@ CREATE TABLE IF NOT EXISTS results (
     outcome     TEXT NOT NULL,            -- passed, failed, error, skipped, not_run (not on this hardware), not run
     duration_s  REAL NOT NULL DEFAULT 0,
     score       REAL,                     -- grades only
-    max_score   REAL
+    max_score   REAL,
+    reason      TEXT                      -- not_run: why this hardware could not run it
 );
 CREATE TABLE IF NOT EXISTS perf (
     run_id      INTEGER NOT NULL REFERENCES runs(id),
@@ -140,6 +141,7 @@ class TestRecord:
     score: float | None = None
     max_score: float | None = None
     perf: list[dict] = field(default_factory=list)  # [{"name": ..., "ratio": ...}]
+    reason: str | None = None  # not_run: why this hardware could not run it
 
 
 @dataclass
@@ -191,6 +193,8 @@ def _write(path: Path, fn, *, timeout: float = BUSY_TIMEOUT_S, retries: int = RE
                     if con.execute("PRAGMA user_version").fetchone()[0] < SCHEMA_VERSION:
                         for stmt in filter(str.strip, _SCHEMA.split(";")):  # not executescript: it COMMITs
                             con.execute(stmt)
+                        if "reason" not in {c[1] for c in con.execute("PRAGMA table_info(results)")}:
+                            con.execute("ALTER TABLE results ADD COLUMN reason TEXT")  # a version 2 store
                         con.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
                     out = fn(con)
                     con.execute("COMMIT")
@@ -228,9 +232,10 @@ def record_runs(records: list[RunRecord], path: Path | None = None) -> list[int]
                  socket.gethostname(), os.getpid()))
             run_id = cur.lastrowid
             con.executemany(
-                "INSERT INTO results (run_id, part, nodeid, name, outcome, duration_s, score, max_score)"
-                " VALUES (?,?,?,?,?,?,?,?)",
-                [(run_id, t.part, t.nodeid, t.name, t.outcome, t.duration_s, t.score, t.max_score)
+                "INSERT INTO results (run_id, part, nodeid, name, outcome, duration_s, score, max_score, reason)"
+                " VALUES (?,?,?,?,?,?,?,?,?)",
+                [(run_id, t.part, t.nodeid, t.name, t.outcome, t.duration_s, t.score, t.max_score,
+                  t.reason if t.outcome == "not_run" else None)
                  for t in r.tests])
             con.executemany(
                 "INSERT INTO perf (run_id, part, nodeid, metric, ratio) VALUES (?,?,?,?,?)",
@@ -320,7 +325,7 @@ def record_grade(result, lab, course, path: Path | None = None) -> str | None:
     if submission not in (root, root / "labs"):
         return None  # not this checkout's own code: not "your" grade
     tests = [TestRecord(nodeid=t.nodeid, name=t.name, part=t.part, outcome=t.outcome, duration_s=t.duration_s,
-                        score=t.score, max_score=t.max_score,
+                        score=t.score, max_score=t.max_score, reason=t.not_run_reason or None,
                         perf=[{"name": p["name"], "ratio": p["ratio"]} for p in t.perf if p.get("ratio") is not None])
              for t in result.tests]
     rec = RunRecord(course=course.name, course_root=str(root), lab=lab.number, kind="grade",
@@ -416,6 +421,7 @@ class ProgressRecorder(PartAnnotator):
                     t.outcome = "error" if (report.failed and report.when != "call") else report.outcome
                     if not_run_reason(report) is not None:
                         t.outcome = "not_run"  # this hardware could not run it: neither passed nor failed
+                        t.reason = not_run_reason(report)
             perf = [{"name": e["name"], "ratio": e["ratio"]} for k, e in getattr(report, "user_properties", ())
                     if k == "labs_perf" and e.get("ratio") is not None]
             if perf or report.when == "call":  # each phase's report carries every figure so far

@@ -56,6 +56,10 @@ def _status(runs: list[dict], part: str | None, max_points: float) -> dict:
         out["last_grade"] = scored[-1]
         out["best_grade"] = max(scored, key=lambda s: s["score"])
     out["best_perf"] = _best_perf([p for r in mine for p in r["perf"] if part is None or p["part"] == part])
+    # the tests this hardware could not run, with why, at the last visible run and the last grade
+    out["not_run"] = [{"run": r["kind"], "test": t["name"], "part": t["part"],
+                       "reason": t.get("reason") or "not verified here"}
+                      for r in (visible[-1:] + grades[-1:]) for t in tests(r) if t["outcome"] == "not_run"]
     return out
 
 
@@ -101,6 +105,14 @@ def _cells(s: dict, short: bool = False) -> list[str]:
 COLUMNS = ["Lab", "Part", "Visible (last run)", "Last grade", "Best grade", "Best perf ratio",
            "Runs", "Grades", "First", "Last"]
 SHORT_COLUMNS = ["Lab", "Part", "Visible", "Last grade", "Best grade", "Best perf", "Runs", "Grades", "First", "Last"]
+
+
+def not_run_lines(summary: dict) -> list[str]:
+    """One line per test this hardware could not run (at each lab's last visible run and
+    last grade), with its reason: not verified here, neither passed nor failed."""
+    where = {"visible": "last visible run", "grade": "last grade"}
+    return [f"lab {lab['lab']} part {n['part'] or '-'} {n['test']} ({where[n['run']]}): {n['reason']}"
+            for lab in summary["labs"] for n in lab["not_run"]]
 
 
 def table_rows(summary: dict, short: bool = False) -> list[tuple[bool, list[str]]]:
@@ -199,6 +211,10 @@ def render_html(summary: dict, course) -> str:
     if not plots:
         plots.append("<p class='note'>No attempts recorded yet: run <code>pytest labs/NN</code> or "
                      "<code>labs grade . --lab NN</code>.</p>")
+    missing = not_run_lines(summary)
+    if missing:
+        plots.insert(0, "<h2>Not run on this hardware (neither passed nor failed)</h2>\n<ul>"
+                     + "".join(f"<li>{esc(line)}</li>" for line in missing) + "</ul>")
     generated = datetime.now().strftime("%Y-%m-%d %H:%M")
     return (f"<!DOCTYPE html>\n<html lang='en'><head><meta charset='utf-8'>"
             f"<title>Progress — {esc(summary['course'])}</title><style>{_CSS}</style></head><body>\n"

@@ -405,3 +405,68 @@ def test_progress_counts_tests_not_run_on_this_hardware_apart_from_failures(toy_
     assert lab["visible"]["passed"] == 2 and lab["visible"]["not_run"] == 1
     r = labs_cli(toy_course, db, "progress")
     assert "2/3 (1 not_run)" in r.output, r.output
+
+
+def test_progress_shows_why_each_test_was_not_run(toy_course, tmp_path, monkeypatch):
+    """Issue 34.6: a test this hardware could not run shows its reason in `labs progress`
+    (table, JSON, HTML), as `labs grade` and the pages do: a real visible run on this CPU
+    machine with perf calibrated only on another model (labs.yaml perf_calibrated_on:
+    the uncalibrated GPU model, faked), and a local grade's not_run test."""
+    import sqlite3
+    from types import SimpleNamespace
+
+    from harness import records
+
+    y = toy_course / "labs.yaml"
+    y.write_text(y.read_text().replace("labs:\n", "perf_calibrated_on: [NVIDIA H100 80GB HBM3]\nlabs:\n", 1))
+    solved(toy_course)
+    db = tmp_path / "p.db"
+    rc, out = finish(spawn(toy_course, pytest_args("labs/07"), env_for(db, LABS_GPU_MODEL="cpu")))
+    assert rc == 0, out
+    (run,) = runs(db, toy_course)
+    reasons = {t["name"]: (t["outcome"], t["reason"]) for t in run["tests"]}
+    assert reasons["test_adds"] == ("passed", None)
+    assert reasons["test_on_gpu"][0] == "not_run" and "needs a CUDA GPU" in reasons["test_on_gpu"][1]
+    assert reasons["test_speed"][0] == "not_run" and "perf thresholds are not calibrated on cpu" in \
+        reasons["test_speed"][1]
+
+    graded = SimpleNamespace(submission=str(toy_course), duration_s=1.0, seed=1, score=6.0, max_score=10.0,
+                             max_score_runnable=6.0, tests=[
+                                 records.TestResult("test_adds", "g::test_adds", "A", 6.0, 6.0, "passed"),
+                                 records.TestResult("test_speed", "g::test_speed", "B", 4.0, 0.0, "skipped",
+                                                    "skipped: perf not verified: no calibration for this GPU model")])
+    course = manifest.load(toy_course)
+    monkeypatch.setenv("LABS_PROGRESS_DB", str(db))  # inside a test run, recording needs a named store
+    assert progress.record_grade(graded, course.lab("07"), course, db) is None
+
+    r = labs_cli(toy_course, db, "progress", "--json")
+    (lab,) = json.loads(r.output)["labs"]
+    assert {(n["run"], n["test"], n["part"]) for n in lab["not_run"]} == {
+        ("visible", "test_on_gpu", "A"), ("visible", "test_speed", "B"), ("grade", "test_speed", "B")}
+    assert [n["reason"] for n in lab["not_run"] if n["run"] == "grade"] == [
+        "perf not verified: no calibration for this GPU model"]
+    r = labs_cli(toy_course, db, "progress")
+    text = " ".join(r.output.split())
+    assert "Not run on this hardware (not verified here: neither passed nor failed):" in text, r.output
+    assert "lab 07 part A test_on_gpu (last visible run): needs a CUDA GPU" in text, r.output
+    assert "lab 07 part B test_speed (last visible run): perf thresholds are not calibrated on cpu" in text
+    assert "lab 07 part B test_speed (last grade): perf not verified: no calibration for this GPU model" in text
+    page = tmp_path / "p.html"
+    assert labs_cli(toy_course, db, "progress", "--html", str(page)).exit_code == 0
+    html_text = page.read_text()
+    assert "Not run on this hardware" in html_text and "no calibration for this GPU model" in html_text
+
+    # a store written before reasons were kept (schema 2) takes them from now on
+    old = tmp_path / "old.db"
+    con = sqlite3.connect(old)
+    con.executescript(progress._SCHEMA.replace(
+        ",\n    reason      TEXT                      -- not_run: why this hardware could not run it", ""))
+    con.execute("PRAGMA user_version = 2")
+    con.commit()
+    assert "reason" not in {c[1] for c in con.execute("PRAGMA table_info(results)")}
+    con.close()
+    progress.record_runs([progress.RunRecord(course="Toy course", course_root=str(toy_course.resolve()), lab="07",
+                                             kind="visible", started=time.time(), tests=[progress.TestRecord(
+                                                 "n::t", "t", "A", "not_run", reason="needs a CUDA GPU")])], old)
+    (run,) = runs(old, toy_course)
+    assert run["tests"][0]["reason"] == "needs a CUDA GPU"

@@ -419,13 +419,15 @@ def test_local_scenario_dispatchers_kills_and_a_server_restart(tmp_path):
 # --- the pool's task and queues, against a real server and a real Redis ---------------------------
 
 def test_interactive_queue_is_consumed_before_regrades_and_messages_carry_only_the_job_id(redis_url):
-    """Published in the order regrade, interactive, regrade, interactive: a consumer set up
-    as the workers are (queues listed regrade first, even) takes both interactive first."""
+    """Published in the order trial, regrade, interactive, regrade, interactive: a consumer
+    set up as the workers are (queues listed in reverse, even) takes both interactive
+    first, then the regrades, the trial last."""
     from celery import Celery
 
     from harness.server import pool
 
     publish = pool.publisher(redis_url, "m1")
+    publish("trial-1", "trial")  # a trial run, published first: taken last
     for job_id, queue in ((101, "regrade"), (102, "interactive"), (103, "regrade"), (104, "interactive")):
         publish(job_id, queue)
     with pytest.raises(ValueError):
@@ -443,11 +445,11 @@ def test_interactive_queue_is_consumed_before_regrades_and_messages_carry_only_t
         with conn.Consumer(list(reversed(app.conf.task_queues)), callbacks=[on], accept=["json"]) as consumer:
             consumer.qos(prefetch_count=1)
             deadline = time.monotonic() + 20
-            while len(got) < 4 and time.monotonic() < deadline:
+            while len(got) < 5 and time.monotonic() < deadline:
                 with contextlib.suppress(socket.timeout, TimeoutError):
                     conn.drain_events(timeout=1)
-    assert [b[0][0] for _, b, _ in got] == [102, 104, 101, 103], got
-    assert [q for q, _, _ in got] == ["interactive.m1", "interactive.m1", "regrade.m1", "regrade.m1"]
+    assert [b[0][0] for _, b, _ in got] == [102, 104, 101, 103, "trial-1"], got
+    assert [q for q, _, _ in got] == ["interactive.m1", "interactive.m1", "regrade.m1", "regrade.m1", "trial.m1"]
     assert all(ct == "application/json" and b[0] == [b[0][0]] and b[1] == {} for _, b, ct in got)
 
 

@@ -5,9 +5,13 @@ per-lab quota in labs.yaml, and shows each perf ratio beside its thresholds (API
 `labs submit --trial --wait`'s table, /me in headless Chromium)."""
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import socket
+import time
 
+import httpx
 import pytest
 
 if not os.environ.get("CI"):
@@ -21,6 +25,7 @@ from harness.server import app as app_mod, db, runner, service  # noqa: E402
 from tests.conftest import TOY_GRADER, TOY_SOLUTION  # noqa: E402
 from tests.test_server_api import db_url, postgres  # noqa: E402,F401  (fixtures)
 from tests.test_server_pages import Browser, self_contained  # noqa: E402
+from tests.test_server_scenarios import LEASE_S, STUDENTS, Scenario, _submit, redis_url  # noqa: E402,F401
 
 HIDDEN = "test_hidden_correctness_7d1e"
 
@@ -87,3 +92,85 @@ def test_a_trial_runs_visible_and_perf_tests_after_submissions_and_counts_for_no
     table = next(t for t in dom.tables if "Visible tests" in t[0])
     done = next(row for row in table[1:] if row[2] == "done")
     assert done[3] == "3 of 4 passed" and "add_vs_torch: 2 (1 / 3), credit 0.5 on cpu" in done[4], done
+
+
+# --- pool mode: trials through the broker, after graded submissions ---------------------------
+
+def _drain(redis_url: str, gpu_model: str, n: int) -> list[tuple[str, object]]:
+    """Take ``n`` messages off the pool's queues as a worker does (queues in the sorted
+    order, one at a time): ``(queue, the id it carries)``, in the order taken."""
+    from celery import Celery
+
+    from harness.server import pool
+
+    app = pool.configure(Celery("t", set_as_current=False), redis_url, 60, gpu_model)
+    got = []
+
+    def on(body, message):
+        got.append((message.delivery_info["routing_key"], body[0][0]))
+        message.ack()
+
+    with app.connection_for_read() as conn:
+        with conn.Consumer(list(reversed(app.conf.task_queues)), callbacks=[on], accept=["json"]) as consumer:
+            consumer.qos(prefetch_count=1)
+            deadline = time.monotonic() + 20
+            while len(got) < n and time.monotonic() < deadline:
+                with contextlib.suppress(socket.timeout, TimeoutError):
+                    conn.drain_events(timeout=1)
+    return got
+
+
+def test_pool_mode_trials_go_through_the_broker_after_graded_submissions(tmp_path, redis_url, monkeypatch):
+    """`labs serve --runner pool` on a real Redis: a trial is published on the trial queue,
+    which a worker takes after the interactive and regrade queues; the server hands it to
+    a runner only when no graded job is queued (409, Retry-After); the pool's trial task
+    runs it (visible and perf tests), it counts as no submission, and the quota holds."""
+    from harness.server import pool
+
+    sc = Scenario("pool", tmp_path, redis_url)
+    try:
+        sc.accounts()
+        sc.serve()
+        student = STUDENTS[0]
+        h = {"Authorization": f"Bearer {sc.tokens[student]}"}
+
+        def trial(i: int) -> httpx.Response:
+            path = tmp_path / "trials" / str(i) / "toy.py"
+            path.parent.mkdir(parents=True)
+            path.write_text(TOY_SOLUTION + f"# trial {i}\n")
+            return httpx.post(f"{sc.base}/api/trials", data={"lab": "01"}, headers=h, timeout=30,
+                              files={"file": ("01.tar.gz", service.pack_module(path, sc.course.lab("01")))})
+
+        r = trial(0)
+        assert r.status_code == 201 and r.json()["state"] == "queued", r.text
+        tid = r.json()["id"]
+        job = _submit(sc, 1, 0, TOY_SOLUTION)  # submitted after the trial
+        assert _drain(redis_url, "cpu-ci", 2) == [("interactive.cpu-ci", job), ("trial.cpu-ci", tid)]
+
+        runner_h = {"Authorization": f"Bearer {sc.runner_token}"}
+        held = httpx.post(f"{sc.base}/api/runner/trials/{tid}/claim", headers=runner_h, timeout=30)
+        assert held.status_code == 409 and held.headers["retry-after"] == "5", held.text  # the submission first
+
+        monkeypatch.setattr(pool, "SETTINGS", {"server": sc.base, "token": sc.runner_token,
+                                               "course": str(sc.course.root), "lease_s": LEASE_S,
+                                               "sandbox": "process"})
+        monkeypatch.setattr(pool._Host, "pid", None)
+        assert pool.grade.apply(args=[job]).get() == f"job {job}: stored"
+        assert pool.trial.apply(args=[tid]).get() == f"trial {tid}: done"
+        assert pool.trial.apply(args=[tid]).get() == f"trial {tid}: not queued"  # a second delivery: quiet
+
+        got = httpx.get(f"{sc.base}/api/trials/{tid}", headers=h, timeout=30).json()
+        assert got["state"] == "done" and got["quota_left"] == 2, got
+        (perf,) = got["result"]["perf"]
+        assert (perf["test"], perf["key"], perf["ratio"]) == ("test_speed", "add_vs_torch", 2.0), perf
+        assert httpx.get(f"{sc.base}/api/submissions", headers=h, timeout=30).json() == []  # never a submission
+        with sc.sessions() as s:
+            assert s.scalar(select(func.count(db.Result.id))) == 1  # the graded submission's alone
+        assert trial(1).status_code == 201 and trial(2).status_code == 201
+        r = trial(3)
+        assert r.status_code == 429 and "your 3 trial run(s) of lab 01 are used" in r.json()["detail"], r.text
+    except BaseException:
+        sc.procs.dump()
+        raise
+    finally:
+        sc.procs.kill_all()

@@ -224,6 +224,11 @@ def progress_command(ctx, lab_number, as_json, html_path):
     for is_lab, cells in progress_report.table_rows(summary, short=True):
         table.add_row(*cells, style="bold" if is_lab else None)
     Console(highlight=False, width=None if sys.stdout.isatty() else 140).print(table)
+    missing = progress_report.not_run_lines(summary)
+    if missing:
+        click.echo("Not run on this hardware (not verified here: neither passed nor failed):")
+        for line in missing:
+            click.echo(f"  {line}")
     click.echo(f"Visible: tests passed at the last `pytest labs/NN`; grades: local `labs grade` scores; "
                f"perf ratio: your time / baseline (lower is better). Recorded in {summary['db']}; "
                "`labs progress --html FILE` plots your attempts.")

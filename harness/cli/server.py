@@ -476,6 +476,61 @@ def grades_export(ctx, lab_number, fmt, from_dir, out_path, assignment, db):
     click.echo(f"{len(rows)} grade(s) of lab {lab.number} written for {fmt}: {out}")
 
 
+@click.group("lti")
+def lti_group():
+    """The course server as an LTI 1.3 tool: its platforms and the grades it posts back."""
+
+
+@lti_group.command("platform")
+@click.option("--issuer", required=True, help="the platform's issuer (Canvas: https://canvas.instructure.com)")
+@click.option("--client-id", required=True, help="the client id the platform gave the tool (Canvas: its developer key)")
+@click.option("--deployment-id", "deployment_ids", multiple=True, required=True, help="a deployment id (repeatable)")
+@click.option("--auth-login-url", required=True, help="the platform's OIDC authorization endpoint")
+@click.option("--auth-token-url", required=True, help="the platform's OAuth2 token endpoint (AGS access tokens)")
+@click.option("--key-set-url", required=True, help="the platform's public key set (JWKS) URL")
+@click.option("--auth-audience", default=None, help="the token endpoint's audience, when not its URL")
+@click.option("--url", "base_url", default="https://labs.example.edu", show_default=True,
+              help="this server's public URL, for the URLs printed")
+@click.pass_context
+def lti_platform(ctx, issuer, client_id, deployment_ids, auth_login_url, auth_token_url, key_set_url, auth_audience,
+                 base_url):
+    """Register an LTI 1.3 platform (.labs-staff/lti.json) and print the tool's URLs to enter there."""
+    from ..server import lti
+    course = course_of(ctx)
+    lti.add_platform(course, {"issuer": issuer, "client_id": client_id, "deployment_ids": list(deployment_ids),
+                              "auth_login_url": auth_login_url, "auth_token_url": auth_token_url,
+                              "key_set_url": key_set_url, "auth_audience": auth_audience})
+    lti.private_key(course)  # made now, so the JWKS is there before the platform asks
+    base = base_url.rstrip("/")
+    click.echo(f"platform {issuer} (client {client_id}) registered in {lti.CONFIG_FILE}")
+    click.echo(f"  OIDC login URL:          {base}{lti.LOGIN_PATH}")
+    click.echo(f"  target link / redirect:  {base}{lti.LAUNCH_PATH}")
+    click.echo(f"  public JWKS URL:         {base}{lti.JWKS_PATH}")
+
+
+@lti_group.command("status")
+@click.option("--db", default=None, help=DB_HELP)
+@click.option("--all", "everything", is_flag=True, help="the grades already posted too")
+@click.pass_context
+def lti_status(ctx, db, everything):
+    """The registered platforms and the grades waiting to reach them (with why the last try failed)."""
+    from ..server import lti
+    course = course_of(ctx)
+    for p in lti.platforms(course):
+        click.echo(f"platform {p['issuer']} client {p['client_id']} deployments {', '.join(p['deployment_ids'])}")
+    with _sessions(course, db)() as s:
+        posts = lti.status(s)
+    pending = [p for p in posts if p["state"] == "pending"]
+    click.echo(f"{len(pending)} grade post(s) pending, {len(posts) - len(pending)} sent")
+    table = Table("post", "student", "lab", "state", "score", "attempts", "last error")
+    for p in posts if everything else pending:
+        score = "" if p["score"] is None else f"{p['score']:g}/{p['max_score']:g}"
+        table.add_row(str(p["id"]), escape(p["student"]), p["lab"], p["state"], score, str(p["attempts"]),
+                      escape(p["error"][:200]))
+    if everything or pending:
+        Console(highlight=False, soft_wrap=True).print(table)
+
+
 COMMANDS = [serve_command, roster_group, account_group, regrade_command, grant_command, leaderboard_group,
             calibrate_command, gradebook_push, similarity_command,
-            grades_group, extend_command, regrade_requests_command, regrade_answer_command]
+            grades_group, extend_command, regrade_requests_command, regrade_answer_command, lti_group]

@@ -23,8 +23,8 @@ from sqlalchemy import func, select
 
 from .. import grading
 from ..manifest import Course
-from . import db, pages, service
-from .db import Job
+from . import db, lti, pages, service, trials
+from .db import Job, Trial
 from .deps import Publish, Server, SessionDep
 from .routes import ROUTERS
 from .service import Rejected
@@ -93,11 +93,13 @@ def _too_large(size: str, limit: int) -> JSONResponse:
 
 def reaper(server: Server, stop: threading.Event, every_s: float) -> None:
     """Until ``stop``: every ``every_s`` put the jobs whose lease expired back in the queue
-    (``service.reap``) and publish them again; at start, publish whatever a previous
-    server left queued."""
+    (``service.reap``, and trials a runner never finished: ``trials.reap``) and publish
+    them again; at start, publish whatever a previous server left queued, trials too."""
     with server.sessions() as s:
         for job_id in s.scalars(select(Job.id).where(Job.state == "queued")).all():
             server.publish_job(s, job_id)
+        for trial_id in s.scalars(select(Trial.id).where(Trial.state == "queued")).all():
+            server.publish_trial(trial_id)
     while not stop.wait(every_s):
         try:
             sweep(server)
@@ -106,10 +108,14 @@ def reaper(server: Server, stop: threading.Event, every_s: float) -> None:
 
 
 def sweep(server: Server) -> None:
-    """One reaper pass: expired leases back to the queue, and to the broker."""
+    """One reaper pass: expired leases back to the queue, and to the broker; the grades
+    waiting for an LMS posted (``lti.send_pending``)."""
     with server.sessions() as s:
         for job_id in service.reap(s, server.clock()):
             server.publish_job(s, job_id)
+        for trial_id in trials.reap(s, server.course, server.clock()):
+            server.publish_trial(trial_id)
+    lti.send_pending(server.sessions, server.course, server.clock())  # grades for LMS line items, retried
 
 
 def create_app(course: Course, url: str, *, publish: Publish | None = None, reap_every_s: float = 5.0,

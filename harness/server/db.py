@@ -167,6 +167,83 @@ class Trial(Base):
     account: Mapped[Account] = relationship()
 
 
+class LtiUser(Base):
+    """An LTI 1.3 user (``sub`` on the platform ``issuer``) and the course account it
+    launches as (``lti``): found again at each launch, one account per platform user."""
+
+    __tablename__ = "lti_users"
+    __table_args__ = (UniqueConstraint("issuer", "sub", name="one_account_per_lti_user"),)
+    id: Mapped[int] = mapped_column(primary_key=True)
+    issuer: Mapped[str] = mapped_column(String(500))
+    sub: Mapped[str] = mapped_column(String(255))
+    account_id: Mapped[int] = mapped_column(ForeignKey("accounts.id"), index=True)
+    created_at: Mapped[float] = mapped_column(Float)
+    account: Mapped[Account] = relationship()
+
+
+class LtiSession(Base):
+    """A browser session an LTI launch opened: the login cookie carries its token (sha256
+    here), so a launch never replaces the account's own token (``labs submit`` keeps it)."""
+
+    __tablename__ = "lti_sessions"
+    token_hash: Mapped[str] = mapped_column(String(64), primary_key=True)
+    account_id: Mapped[int] = mapped_column(ForeignKey("accounts.id"), index=True)
+    created_at: Mapped[float] = mapped_column(Float)
+    expires_at: Mapped[float] = mapped_column(Float)
+
+
+class LtiLink(Base):
+    """Where a student's grade of one lab goes: the newest launch's platform, client,
+    deployment and its Assignment and Grade Services claim (``ags``, JSON: the line item
+    and the scopes)."""
+
+    __tablename__ = "lti_links"
+    __table_args__ = (UniqueConstraint("account_id", "lab", name="one_line_item_per_student_lab"),)
+    id: Mapped[int] = mapped_column(primary_key=True)
+    account_id: Mapped[int] = mapped_column(ForeignKey("accounts.id"), index=True)
+    lab: Mapped[str] = mapped_column(String(2))
+    issuer: Mapped[str] = mapped_column(String(500))
+    client_id: Mapped[str] = mapped_column(String(255))
+    deployment_id: Mapped[str] = mapped_column(String(255))
+    sub: Mapped[str] = mapped_column(String(255))
+    ags: Mapped[str] = mapped_column(Text)
+    updated_at: Mapped[float] = mapped_column(Float)
+    account: Mapped[Account] = relationship()
+
+
+class LtiPost(Base):
+    """One grade to post to a platform's line item (AGS), made when a result of a
+    launched student is stored; ``pending`` until the platform took it (then ``sent``,
+    with the score it took), retried after each failure (``error``, ``attempts``,
+    ``next_try``): a grade is never dropped."""
+
+    __tablename__ = "lti_posts"
+    id: Mapped[int] = mapped_column(primary_key=True)
+    result_id: Mapped[int] = mapped_column(ForeignKey("results.id"), index=True)
+    link_id: Mapped[int] = mapped_column(ForeignKey("lti_links.id"), index=True)
+    state: Mapped[str] = mapped_column(String(16), default="pending", index=True)  # pending, sent
+    score: Mapped[float | None] = mapped_column(Float, nullable=True)  # what was posted
+    max_score: Mapped[float | None] = mapped_column(Float, nullable=True)
+    attempts: Mapped[int] = mapped_column(Integer, default=0)
+    error: Mapped[str] = mapped_column(Text, default="")
+    created_at: Mapped[float] = mapped_column(Float)
+    next_try: Mapped[float] = mapped_column(Float, default=0.0)
+    sent_at: Mapped[float | None] = mapped_column(Float, nullable=True)
+    link: Mapped[LtiLink] = relationship()
+    result: Mapped[Result] = relationship()
+
+
+class LtiState(Base):
+    """The LTI tool's short-lived launch state (pylti1p3's launch data storage): the
+    OIDC state and nonce between login and launch, the nonces used (a replayed launch is
+    refused), the launches for deep linking; JSON values, dropped when expired."""
+
+    __tablename__ = "lti_state"
+    key: Mapped[str] = mapped_column(String(255), primary_key=True)
+    value: Mapped[str] = mapped_column(Text)
+    expires_at: Mapped[float] = mapped_column(Float)
+
+
 class Bucket(Base):
     """A student's token bucket for one lab (the intake's rate limit)."""
 

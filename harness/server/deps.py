@@ -23,7 +23,8 @@ from .db import Account, Job, Submission
 from .service import Rejected
 
 COOKIE = "labs_token"
-Publish = Callable[[int, str], None]  # (job id, queue): hand a job id to a broker
+Publish = Callable[[int | str, str], None]  # (job id, queue) or (trial id, "trial"): hand an id to a broker
+TRIAL_QUEUE = "trial"  # the broker's queue of trial runs (``pool``), after every graded job's
 
 
 @dataclass
@@ -42,6 +43,15 @@ class Server:
         if self.publish is not None:
             try:
                 self.publish(job_id, s.get(Job, job_id).queue)
+            except Exception:  # noqa: BLE001 - see the docstring
+                pass
+
+    def publish_trial(self, trial_id: str) -> None:
+        """Hand trial ``trial_id`` to the broker's trial queue (pool mode; after every
+        graded job, see ``pool``); a broker that fails leaves it queued for the reaper."""
+        if self.publish is not None:
+            try:
+                self.publish(trial_id, TRIAL_QUEUE)
             except Exception:  # noqa: BLE001 - see the docstring
                 pass
 

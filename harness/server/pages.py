@@ -64,6 +64,24 @@ def staff_regrades(course: Course, requests: list[dict]) -> str:
                                                                                          r["created_at"])))
 
 
+def lti_launch(course: Course, who, lab: Lab | None, platform: str, graded_back: bool) -> str:
+    """The page an LTI launch lands on: who signed in from which platform, the lab the
+    link names, where its grade goes."""
+    return _page("lti_launch.html", course, who=who, lab=lab, platform=platform, graded_back=graded_back,
+                 staff_link=who.role == "staff")
+
+
+def lti_deep_link(course: Course, return_url: str, choices: list[dict]) -> str:
+    """Staff pick the lab a new course link opens: one form per lab, each posting its
+    signed deep-linking response (``choices``: lab, title, points, jwt) to the platform."""
+    return _page("lti_deep_link.html", course, return_url=return_url, choices=choices, staff_link=True)
+
+
+def lti_refused(course: Course, reason: str) -> str:
+    """A launch that failed its checks: why, and what to do."""
+    return _page("lti_refused.html", course, reason=reason, staff_link=False)
+
+
 def staff(course: Course, labs: list[dict], runners: list[dict]) -> str:
     return _page("staff.html", course, labs=labs, runners=runners)
 

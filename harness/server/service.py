@@ -35,7 +35,7 @@ from ..grading import pack_module  # noqa: F401  (service.pack_module: what `lab
 from ..errors import LabsError
 from ..manifest import Course, Lab, LabPaths
 from . import latedays
-from .db import QUEUES, ROLES, Account, Bucket, Job, Result, Submission, hash_token
+from .db import QUEUES, ROLES, Account, Bucket, Job, LtiLink, LtiPost, LtiSession, Result, Submission, hash_token
 
 MAX_ATTEMPTS = 3   # infrastructure attempts of one job: the first and at most 2 retries
 LEASE_S = 60.0     # a runner renews its lease every LEASE_S / 4 while it grades
@@ -148,6 +148,9 @@ def authenticate(s: Session, token: str | None, roles: tuple[str, ...] = ROLES) 
     """The account whose token is ``token``; Rejected(401) for no or a wrong token,
     Rejected(403) for an account whose role is not in ``roles``."""
     account = s.scalar(select(Account).where(Account.token_hash == hash_token(token))) if token else None
+    if account is None and token:  # a browser session an LTI launch opened (its cookie)
+        session = s.get(LtiSession, hash_token(token))
+        account = s.get(Account, session.account_id) if session and session.expires_at > clock() else None
     if account is None:
         raise Rejected(401, "no valid token (labs submit --token, or LABS_TOKEN)")
     if account.role not in roles:
@@ -376,6 +379,7 @@ def complete(s: Session, job_id: int, owner: str, outcome: Outcome, now: float, 
     if job is None or job.state != "running" or job.lease_owner != owner or job.result is not None:
         return False
     graded, sub = outcome.record, job.submission
+    link = s.scalar(select(LtiLink).where(LtiLink.account_id == sub.account_id, LtiLink.lab == sub.lab))
     score = round((graded.score or 0.0) * late_factor(course, sub), 4)
     result = Result(job_id=job.id, submission_id=sub.id, score=score, max_score=graded.max_score,
                     max_runnable=graded.max_score_runnable or 0.0, status=graded.status, kind=graded.kind.value,
@@ -384,6 +388,8 @@ def complete(s: Session, job_id: int, owner: str, outcome: Outcome, now: float, 
                     duration_s=float(graded.duration_s), graded_at=now, runner=owner)
     s.add(result)
     job.state, job.finished_at, job.lease_owner, job.lease_expires = "done", now, None, None
+    if link is not None:  # a student launched from an LMS: the grade goes to its line item (``lti.send_pending``)
+        s.add(LtiPost(result=result, link_id=link.id, created_at=now, next_try=now))
     try:
         s.commit()
     except IntegrityError:  # another delivery of this job stored its result first

@@ -44,13 +44,23 @@ def submit(s: Session, course: Course, account: Account, lab_number: str, filena
     return trial
 
 
-def claim(s: Session, owner: str, now: float) -> Trial | None:
-    """The oldest queued trial for ``owner``, only while no job (a submission or a
-    regrade) is queued: trials wait behind graded work. None when there is none."""
+WAIT_S = 5.0  # a pool worker asking for a trial while graded jobs are queued asks again this much later
+
+
+def jobs_queued(s: Session) -> bool:
+    """Whether a submission or a regrade waits (a trial then waits behind it)."""
+    return s.scalar(select(Job.id).where(Job.state == "queued").limit(1)) is not None
+
+
+def claim(s: Session, owner: str, now: float, *, trial_id: str | None = None) -> Trial | None:
+    """The oldest queued trial (``trial_id``: that one, a broker delivered it) for
+    ``owner``, only while no job (a submission or a regrade) is queued: trials wait
+    behind graded work. None when there is none (or it is not queued)."""
     while True:
-        if s.scalar(select(Job.id).where(Job.state == "queued").limit(1)) is not None:
+        if jobs_queued(s):
             return None
-        candidate = s.scalar(select(Trial.id).where(Trial.state == "queued").order_by(Trial.created_at).limit(1))
+        q = select(Trial.id).where(Trial.state == "queued")
+        candidate = s.scalar(q.where(Trial.id == trial_id) if trial_id else q.order_by(Trial.created_at).limit(1))
         if candidate is None:
             return None
         won = s.execute(update(Trial).where(Trial.id == candidate, Trial.state == "queued")
@@ -58,6 +68,20 @@ def claim(s: Session, owner: str, now: float) -> Trial | None:
         s.commit()
         if won:
             return s.get(Trial, candidate, populate_existing=True)
+
+
+def reap(s: Session, course: Course, now: float) -> list[str]:
+    """Put back in the queue the trials a runner took and never finished (a killed pool
+    worker: trials hold no lease), after twice the lab's time limit and a margin; their
+    ids, to publish again."""
+    back = []
+    for trial in s.scalars(select(Trial).where(Trial.state == "running")).all():
+        limit = 2 * course.lab(trial.lab).limits.timeout_s + 120
+        if trial.started_at is not None and trial.started_at + limit < now:
+            trial.state, trial.owner, trial.started_at = "queued", None, None
+            back.append(trial.id)
+    s.commit()
+    return back
 
 
 def finish(s: Session, trial_id: str, result: dict | None, error: str, now: float) -> None:

@@ -6,14 +6,21 @@ and its result are rows of the server's database, read and written through the
 server's runner API (``/api/runner/jobs/{id}/claim|renew|complete|fail``) with the
 host's runner token. A lost or repeated message therefore loses or doubles nothing:
 
-* **Queues per GPU model**: ``interactive.<gpu_model>`` and ``regrade.<gpu_model>``
-  (``queue_names``). A worker consumes both, interactive first: Redis' transport polls
+* **Queues per GPU model**: ``interactive.<gpu_model>``, ``regrade.<gpu_model>`` and
+  ``trial.<gpu_model>`` (``queue_names``). A worker consumes all three, interactive first: Redis' transport polls
   its queues with one ``BRPOP`` over the keys in the order the cycle gives, and the
   ``sorted`` ``queue_order_strategy`` gives them sorted by name (``interactive.*`` <
-  ``regrade.*``), every time, instead of the default round robin. So a worker takes a
-  regrade only when no interactive job is waiting; with ``prefetch_multiplier=1`` and
+  ``regrade.*`` < ``trial.*``), every time, instead of the default round robin. So a worker takes a
+  regrade only when no interactive job is waiting, and a trial only when neither waits; with ``prefetch_multiplier=1`` and
   late acks it holds no second message while it grades, so a regrade never sits in
   front of a submission in a worker's buffer either.
+* **Trial runs** (``labs submit NN --trial``) go through the same broker: ``trial(id)``
+  (``TRIAL_TASK``, a trial id on ``trial.<gpu_model>``) claims the trial from the server
+  (``/api/runner/trials/{id}/claim``), runs its visible and perf tests (``trialrun``) and
+  sends what ran (``.../finish``). The server hands a trial out only while no graded job
+  is queued (409 with ``Retry-After`` otherwise): the task then waits that long and asks
+  again, for as long as graded work is queued, so trials come after every graded
+  submission. A trial is never a submission: nothing that counts reads it.
 * **Acks**: ``task_acks_late`` (the message is acknowledged after the task returns)
   and ``task_reject_on_worker_lost`` (a pool child killed mid-task puts its message
   back), one task at a time per worker process (``concurrency 1``, one process per GPU
@@ -71,10 +78,12 @@ from kombu import Exchange, Queue
 from ... import forkserver, grading, manifest
 from ...errors import LabsError
 from ...manifest import Course
-from .. import jobs, runner, service
+from .. import jobs, runner, service, trialrun
 from ..db import QUEUES
 
 TASK = "labs.grade"
+TRIAL_TASK = "labs.trial"
+TRIAL_QUEUE = "trial"     # after interactive.* and regrade.* in the sorted queue order
 MARGIN_S = 120.0          # soft limit = the course's longest grader limit + this; hard = soft + this
 DEFAULT_TIMEOUT_S = 1200.0  # labs.yaml's default limits.timeout_s, when no course is at hand (the publisher)
 INFRA_RETRIES = 2         # infrastructure retries of one delivery (the server allows MAX_ATTEMPTS in all)
@@ -88,8 +97,8 @@ log = logging.getLogger("labs.pool")
 
 
 def queue_names(gpu_model: str) -> list[str]:
-    """The two queues of a GPU model, in the order a worker takes from them."""
-    return [f"{q}.{gpu_model}" for q in QUEUES]  # interactive.<m>, regrade.<m>
+    """The queues of a GPU model, in the order a worker takes from them."""
+    return [f"{q}.{gpu_model}" for q in (*QUEUES, TRIAL_QUEUE)]  # interactive.<m>, regrade.<m>, trial.<m>
 
 
 def limits(timeout_s: float) -> dict[str, float]:
@@ -132,7 +141,8 @@ def configure(app: Celery, broker_url: str, timeout_s: float = DEFAULT_TIMEOUT_S
 
 def publisher(broker_url: str, gpu_model: str, *, timeout_s: float = DEFAULT_TIMEOUT_S) -> Callable[[int, str], None]:
     """``publish(job_id, queue)`` for ``create_app``: sends ``grade(job_id)`` to
-    ``<queue>.<gpu_model>``. Declares both queues first, so a message published before
+    ``<queue>.<gpu_model>``; ``publish(trial_id, "trial")`` sends ``trial(trial_id)`` to
+    ``trial.<gpu_model>``. Declares the queues first, so a message published before
     any worker started is kept, not dropped; raises LabsError when the broker does
     not answer."""
     if not gpu_model or any(c.isspace() for c in gpu_model):
@@ -149,11 +159,12 @@ def publisher(broker_url: str, gpu_model: str, *, timeout_s: float = DEFAULT_TIM
         raise LabsError(f"cannot reach the broker {broker_url}: {type(e).__name__}: {e}",
                         hint="start Redis (redis-server) or pass the right --broker redis://HOST:PORT/0") from None
 
-    def publish(job_id: int, queue: str) -> None:
+    def publish(job_id: int | str, queue: str) -> None:
         name = f"{queue}.{gpu_model}"
         if name not in queues:
-            raise ValueError(f"no queue {queue!r} (queues: {', '.join(QUEUES)})")
-        app.send_task(TASK, args=[int(job_id)], queue=queues[name], routing_key=name,
+            raise ValueError(f"no queue {queue!r} (queues: {', '.join((*QUEUES, TRIAL_QUEUE))})")
+        task, arg = (TRIAL_TASK, str(job_id)) if queue == TRIAL_QUEUE else (TASK, int(job_id))
+        app.send_task(task, args=[arg], queue=queues[name], routing_key=name,
                       retry=True, retry_policy={"max_retries": 3, "interval_start": 0.2, "interval_step": 0.5})
 
     publish.app = app  # for tests and shutdown
@@ -278,6 +289,39 @@ def grade(self, job_id: int) -> str:
     log.info("labs: job %s: %s (%s, %.1f s)%s", job_id, graded.kind.value, graded.status, graded.duration_s,
              "" if done.stored else "; a result was already stored (dropped)")
     return f"job {job_id}: {'stored' if done.stored else 'duplicate result dropped'}"
+
+
+@app.task(name=TRIAL_TASK, bind=True, shared=False, acks_late=True, reject_on_worker_lost=True, ignore_result=True,
+          max_retries=None)
+def trial(self, trial_id: str) -> str:
+    """Claim trial ``trial_id`` from the server, run its visible and perf tests, send what
+    ran (or why it could not run: the trial fails and does not count against the quota).
+    While graded jobs are queued the server answers 409 with ``Retry-After``: the task
+    waits that long and asks again, as long as it takes. Returns what happened."""
+    host, retries = _Host.get(), self.request.retries or 0
+    r = _call("POST", f"/api/runner/trials/{trial_id}/claim")
+    if r is None:
+        if retries < UNREACHABLE_RETRIES:
+            raise self.retry(countdown=min(30.0, 2.0 * 2 ** retries), max_retries=None)
+        return f"trial {trial_id}: server unreachable; left to the server's republish at its start"
+    if r.status_code == 409:
+        wait = r.headers.get("retry-after")
+        if wait is None:
+            return f"trial {trial_id}: not queued"
+        raise self.retry(countdown=max(1.0, float(wait)), max_retries=None)  # graded work first
+    if r.status_code != 200:
+        raise _refused(r)
+    got = r.json()
+    log.info("labs: trial %s claimed (lab %s, %s)", trial_id, got["lab"], got["student"])
+    try:
+        result, error = trialrun.run(host.course, got["lab"], base64.b64decode(got["blob"]), host.info), ""
+    except Exception as e:  # noqa: BLE001 - the trial fails; it does not count against the quota
+        result, error = None, _describe(e)
+    done = _call("POST", f"/api/runner/trials/{trial_id}/finish", json={"result": result, "error": error},
+                 patience_s=2 * PATIENCE_S)
+    if done is None or done.status_code != 200:
+        return f"trial {trial_id}: ran, but the server did not take what ran"
+    return f"trial {trial_id}: {'done' if result is not None else 'failed: ' + error}"
 
 
 class ApiJobs:

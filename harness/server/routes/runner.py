@@ -8,12 +8,13 @@ import base64
 from fastapi import APIRouter, Query, Response
 from pydantic import BaseModel
 
-from .. import service
-from ..db import Job
+from .. import service, trials
+from ..db import Job, Trial
 from ..deps import CourseDep, Now, Runner, ServerDep, SessionDep
 from ..service import Rejected
 
 router = APIRouter(prefix="/api/runner/jobs")
+trial_router = APIRouter(prefix="/api/runner/trials")
 Lease = Query(service.LEASE_S, gt=0, le=3600)
 
 
@@ -70,3 +71,34 @@ def fail(job_id: int, body: Failure, srv: ServerDep, s: SessionDep, who: Runner,
     if state == "queued":
         srv.publish_job(s, job_id)
     return {"state": state}
+
+
+class TrialRun(BaseModel):
+    result: dict | None = None
+    error: str = ""
+
+
+@trial_router.post("/{trial_id}/claim")
+def claim_trial(trial_id: str, s: SessionDep, who: Runner, now: Now):
+    """Take trial ``trial_id`` (the broker's trial queue delivered it): 409 with
+    ``Retry-After`` while a graded job is queued (trials come after them), 409 without
+    when it is not queued (done, failed, or another runner's)."""
+    trial = trials.claim(s, who.name, now, trial_id=trial_id)
+    if trial is None:
+        got = s.get(Trial, trial_id)
+        if got is not None and got.state == "queued":
+            raise Rejected(409, f"trial {trial_id} waits behind graded jobs", retry_after=trials.WAIT_S)
+        raise Rejected(409, f"trial {trial_id} is {got.state if got else 'missing'}")
+    return {"trial_id": trial.id, "lab": trial.lab, "student": trial.account.name,
+            "blob": base64.b64encode(trial.blob).decode()}
+
+
+@trial_router.post("/{trial_id}/finish")
+def finish_trial(trial_id: str, body: TrialRun, s: SessionDep, who: Runner, now: Now):
+    """Store what the trial ran (``result``) or why it could not run (``error``); only
+    the runner that holds it may."""
+    trial = s.get(Trial, trial_id)
+    if trial is None or trial.state != "running" or trial.owner != who.name:
+        raise Rejected(409, f"trial {trial_id} is not running on {who.name}")
+    trials.finish(s, trial_id, body.result, body.error, now)
+    return {"state": s.get(Trial, trial_id).state}

@@ -6,18 +6,21 @@ from fastapi import APIRouter, File, Form, UploadFile
 
 from .. import trials
 from ..db import Trial
-from ..deps import CourseDep, Now, SessionDep, Student
+from ..deps import CourseDep, Now, ServerDep, SessionDep, Student
 from ..service import Rejected
 
 router = APIRouter(prefix="/api/trials")
 
 
 @router.post("", status_code=201)
-async def submit_trial(course: CourseDep, s: SessionDep, who: Student, now: Now, lab: str = Form(...),
+async def submit_trial(srv: ServerDep, course: CourseDep, s: SessionDep, who: Student, now: Now, lab: str = Form(...),
                        file: UploadFile = File(...)):
-    """Queue a trial of the upload's module (behind every submission); 429 past the quota."""
+    """Queue a trial of the upload's module (behind every submission; in pool mode on the
+    broker's trial queue too); 429 past the quota."""
     data = await file.read(course.submissions.max_kb * 1024 + 1)
-    return trials.view(s, course, trials.submit(s, course, who, lab, file.filename or "upload", data, now))
+    trial = trials.submit(s, course, who, lab, file.filename or "upload", data, now)
+    srv.publish_trial(trial.id)
+    return trials.view(s, course, trial)
 
 
 @router.get("")
