@@ -52,6 +52,7 @@ from harness import manifest  # noqa: E402
 from harness.records import Graded  # noqa: E402
 from harness.server import app as app_mod, db, lms, lti, runner, service  # noqa: E402
 from tests.conftest import TOY_GRADER, TOY_SOLUTION, TOY_STUB, TOY_YAML  # noqa: E402
+from tests.test_server_api import db_url, postgres  # noqa: E402,F401  (fixtures)
 from tests.test_server_cli import labs  # noqa: E402
 from tests.test_server_pages import Browser, free_port  # noqa: E402
 
@@ -241,7 +242,7 @@ def _serve(app, port: int):
 
 
 @pytest.fixture
-def lti_world(tmp_path, monkeypatch):
+def lti_world(tmp_path, monkeypatch, db_url):
     """The toy course (lab 07 due a day minus an hour ago, 10% off per late day) served
     with LTI configured for the platform, and the platform; both on free loopback ports."""
     monkeypatch.delenv("LABS_COURSE", raising=False)
@@ -264,7 +265,7 @@ def lti_world(tmp_path, monkeypatch):
     assert p.returncode == 0, p.stderr
     assert f"{tool_base}/lti/login" in p.stdout and f"{tool_base}/.well-known/jwks.json" in p.stdout, p.stdout
     assert (root / lti.KEY_FILE).stat().st_mode & 0o077 == 0  # the tool's key: the owner's alone
-    url = f"sqlite:///{tmp_path / 'server.db'}"
+    url = db_url
     app = app_mod.create_app(course, url, reap_every_s=0.2)
     servers = [_serve(app, tool_port), _serve(platform.app, platform.port)]
     with app.state.sessions() as s:
