@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import json
 import os
+import resource
 import textwrap
+import time
 
 from harness import forkserver
 
@@ -36,3 +38,29 @@ def test_runs_share_the_warm_server_and_write_no_bytecode_into_the_tree(tmp_path
     assert prefix and not prefix.startswith(str(tmp_path)), "the rewritten test modules are cached outside the tree"
     assert not list(tmp_path.rglob("__pycache__")), "a run wrote bytecode into the course tree"
     assert list(os.scandir(prefix)), "the first run cached the rewritten test module for the next"
+
+
+BUSY = textwrap.dedent('''
+    import time
+
+    def test_busy():
+        end = time.process_time() + 1.0
+        while time.process_time() < end:
+            pass
+''')
+
+
+def test_a_closed_server_is_waited_for_so_its_runs_cpu_counts_in_ours(tmp_path):
+    """`/usr/bin/time labs grade` counts the runs' CPU: the process waits for its server at
+    exit, and the server for its runs and its zygote (shutting the socket down wakes the server)."""
+    (tmp_path / "test_busy.py").write_text(BUSY)
+    server = forkserver.ForkServer()
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    code, text, _ = server.run([str(tmp_path), "-q", "-p", "no:cacheprovider", "-p", "no:randomly"], cwd=tmp_path,
+                               env=dict(os.environ), timeout=120)
+    assert code == 0, text
+    t0 = time.monotonic()
+    server.close()
+    assert server.proc.returncode == 0 and time.monotonic() - t0 < 5, "the server did not end when closed"
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    assert after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime >= 0.9

@@ -31,6 +31,7 @@ its view. It exits when the process that started it closes its stdin (exits).
 """
 from __future__ import annotations
 
+import atexit
 import contextlib
 import ctypes
 import gc
@@ -243,6 +244,25 @@ def start() -> None:
         proc.stdout.close()
         os.chmod(home, 0o711)  # without namespaces the worker's user reads the staged harness (not the socket: 0600)
         _ZYGOTE = (proc, path)
+        atexit.register(stop)
+
+
+def stop() -> None:
+    """End this process's zygote, if any, and wait for it: the CPU time of every worker it
+    forked then counts in this process's children (``/usr/bin/time``, ``RUSAGE_CHILDREN``)."""
+    global _ZYGOTE
+    with _LOCK:
+        if _ZYGOTE is None:
+            return
+        proc, _ = _ZYGOTE
+        _ZYGOTE = None
+    with contextlib.suppress(OSError):
+        proc.stdin.close()
+    try:
+        proc.wait(timeout=10)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
 
 
 def spawn(*, workdir: str, env: dict, cgroup_procs: list[str], ctl: int, log: int) -> Launcher:
