@@ -297,7 +297,7 @@ def score(raw: dict, lab: Lab, note: str = "", partial: bool = False) -> list[Te
                 frac *= threshold.credit(p["ratio"])
                 lo, hi = p.get("ratio_lo"), p.get("ratio_hi")
                 interval = f" (interval {lo:.3f}-{hi:.3f})" if isinstance(lo, float) and isinstance(hi, float) else ""
-                message = (f"{p['name']}: {p['ratio']:.3f}x {threshold.baseline} time{interval}; full credit at "
+                message = (f"{p['name']}: {p['ratio']:.3f}x the baseline's time{interval} (baseline: {threshold.baseline}); full credit at "
                            f"<= {threshold.full_credit}x, none at >= {threshold.zero_credit}x, "
                            f"{threshold.bands} equal bands between, each worth the credit at its middle")
         out.append(TestResult(name=t["name"], nodeid=t["nodeid"], part=t["part"], max_score=max_score,

@@ -335,6 +335,8 @@ def test_students_read_and_list_only_their_own_submissions(server):
     for who in ("bob", "carol"):
         r = srv.client.get(f"/api/submissions/{sub}", headers=srv.h(who))
         assert r.status_code == 404 and r.json()["detail"] == f"no submission {sub!r} of yours"
+        r = srv.client.get(f"/api/submissions/{sub[:3]}", headers=srv.h("alice"))
+        assert r.status_code == 404 and "a prefix has at least 4 characters" in r.json()["detail"]
         assert srv.client.get("/api/submissions", headers=srv.h(who)).json() == []
         assert srv.client.get("/api/submissions?student=alice", headers=srv.h(who)).json() == []
         r = srv.client.get(f"/submissions/{sub}", headers=srv.h(who))
@@ -901,6 +903,9 @@ def test_graded_end_to_end_scores_leaderboard_invalid_runs_and_hidden_tests(serv
     csv_rows = srv.client.get("/api/staff/grades.csv?lab=07", headers=srv.h("ta")).text.splitlines()
     assert [row.split(",")[0] for row in csv_rows] == ["student", "alice", "bob", "carol", "dave"]
     assert csv_rows[1].split(",")[6] == "1"  # alice's newest: late by a day
+    assert srv.client.get("/api/staff/grades.csv?lab=7", headers=srv.h("ta")).text.splitlines() == csv_rows
+    r = srv.client.get("/api/staff/grades.csv?lab=99", headers=srv.h("ta"))
+    assert r.status_code == 404 and "no lab '99'" in r.json()["detail"]  # never an empty file
 
 
 # --- a real server on loopback ---------------------------------------------------------------

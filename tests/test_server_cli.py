@@ -44,7 +44,8 @@ def served(toy_course, tmp_path):
     assert oct(tokens_file.stat().st_mode & 0o777) == "0o600"
     tokens = {r["name"]: r["token"] for r in csv.DictReader(tokens_file.open())}
     p = labs(toy_course, "roster", "import", str(roster), "--db", db, "--tokens", str(tmp_path / "again.csv"))
-    assert "0 new account(s), 3 existed (tokens unchanged)" in p.stdout  # a re-import is safe
+    assert "0 new account(s), 3 existed (tokens unchanged); no tokens file written" in p.stdout  # a re-import is safe
+    assert not (tmp_path / "again.csv").exists()
     port = _free_port()
     log = (tmp_path / "serve.log").open("w")
     proc = subprocess.Popen([sys.executable, "-m", "harness", "--course", str(toy_course), "serve", "--db", db,

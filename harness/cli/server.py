@@ -116,6 +116,8 @@ def roster_import(ctx, csv_path, db, tokens_out):
     out = course.staff_output(tokens_out, f"tokens-{time.strftime('%Y%m%d-%H%M%S')}.csv", "--tokens")
 
     def write_tokens(got):  # before the accounts are committed: no account without its token written out
+        if not any(tok for _, tok in got):
+            return  # nothing new: no empty tokens file
         with files.atomic_open(out, newline="") as f:
             w = csv.writer(f)
             w.writerow(["name", "token"])
@@ -127,7 +129,8 @@ def roster_import(ctx, csv_path, db, tokens_out):
         except ValueError as e:
             raise LabsError(f"{csv_path}: {e}", hint="fix that row and import again", code=ExitCode.USAGE) from None
     new = [(n, t) for n, t in got if t]
-    click.echo(f"{len(new)} new account(s), {len(got) - len(new)} existed (tokens unchanged); tokens in {out}")
+    click.echo(f"{len(new)} new account(s), {len(got) - len(new)} existed (tokens unchanged)"
+               + (f"; tokens in {out}" if new else "; no tokens file written"))
 
 
 @click.group("account")

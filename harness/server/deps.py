@@ -113,5 +113,6 @@ def own(s: Session, who: Account, sub_id: str) -> Submission:
             raise Rejected(409, f"submission prefix {sub_id!r} names more than one of yours: give more of the id")
         sub = found[0] if found else None
     if sub is None or (who.role != "staff" and sub.account_id != who.id):
-        raise Rejected(404, f"no submission {sub_id!r} of yours")
+        short = " (a prefix has at least 4 characters)" if len(sub_id) < 4 else ""
+        raise Rejected(404, f"no submission {sub_id!r} of yours{short}")
     return sub

@@ -9,6 +9,7 @@ from fastapi.responses import PlainTextResponse
 from pydantic import BaseModel
 from sqlalchemy.orm import Session
 
+from ...manifest import ManifestError
 from .. import regrades, service
 from ..deps import CourseDep, Now, ServerDep, SessionDep, Staff
 
@@ -26,6 +27,10 @@ def overview(course: CourseDep, s: SessionDep, _: Staff, now: Now):
 
 @router.get("/grades.csv")
 def grades_csv(lab: str, course: CourseDep, s: SessionDep, _: Staff):
+    try:
+        lab = course.lab(lab).number  # "3" is lab 03; an unknown lab is an error, not an empty file
+    except ManifestError as e:
+        raise service.Rejected(404, str(e)) from None
     return PlainTextResponse(export_csv(s, lab, course), media_type="text/csv")
 
 
