@@ -21,6 +21,7 @@ from rich.table import Table
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from harness.cli.common import console as cli_console  # noqa: E402
 from harness import grading, manifest  # noqa: E402
 from tests.conftest import materialize_mutant  # noqa: E402
 
@@ -45,7 +46,7 @@ def first_failure(result) -> str:
 def main(console: Console | None = None) -> int:
     course = manifest.load(ROOT)
     lab = course.lab("04")
-    console = console or Console()
+    console = console or cli_console()
     table = Table(title="Lab 04 (Flash Attention): hidden-grader scores")
     for col in ("Submission", "Score", "Runnable max", "Max", "Failed tests", "Time"):
         table.add_column(col)

@@ -49,7 +49,7 @@ def test_grade_reference_gets_full_runnable_marks_with_gradescope_json(toy_cours
     assert "status" not in gpu and gpu["extra_data"]["not_run_points"] == pytest.approx(1.5)
     assert gpu["extra_data"]["status"] == "not_run" and gpu["extra_data"]["not_run_reason"].startswith("needs a CUDA")
     speed = next(t for t in r["tests"] if "test_speed" in t["name"])
-    assert speed["score"] == pytest.approx(2.0) and "2.000x torch.add" in speed["output"]
+    assert speed["score"] == pytest.approx(2.0) and "2.000x the baseline's time (baseline: torch.add)" in speed["output"]
     assert r["leaderboard"] == [{"name": "add_vs_torch", "value": 2.0, "order": "asc"}]
 
 

@@ -15,7 +15,6 @@ from pathlib import Path
 
 import click
 from rich import box
-from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
@@ -223,7 +222,7 @@ def progress_command(ctx, lab_number, as_json, html_path):
         table.add_column(c, justify="right" if c in ("Runs", "Grades") else "left", no_wrap=c != "Best perf")
     for is_lab, cells in progress_report.table_rows(summary, short=True):
         table.add_row(*cells, style="bold" if is_lab else None)
-    Console(highlight=False, width=None if sys.stdout.isatty() else 140).print(table)
+    console().print(table)
     missing = progress_report.not_run_lines(summary)
     if missing:
         click.echo("Not run on this hardware (not verified here: neither passed nor failed):")

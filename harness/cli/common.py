@@ -5,14 +5,23 @@ and they import this, never the group, so the package has no import cycle.
 """
 from __future__ import annotations
 
+import os
+
 from rich.console import Console
 
 from .. import manifest
 
 
-def console() -> Console:
-    """stdout as rich writes it: no highlighting, long lines kept whole."""
-    return Console(highlight=False, soft_wrap=True)
+WIDTH_NOT_A_TERMINAL = 160  # a log or a pipe: rich's 80 would cut table cells mid-word
+
+
+def console(stderr: bool = False) -> Console:
+    """stdout (or stderr) as rich writes it: no highlighting, long lines kept whole, tables
+    the terminal's width (or ``COLUMNS``), else 160 columns where the output is not a terminal."""
+    c = Console(stderr=stderr, highlight=False, soft_wrap=True)
+    if not c.is_terminal and not os.environ.get("COLUMNS"):
+        c.width = WIDTH_NOT_A_TERMINAL
+    return c
 
 
 def course_of(ctx) -> manifest.Course:

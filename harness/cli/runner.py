@@ -20,13 +20,12 @@ import time
 from pathlib import Path
 
 import click
-from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
 from .. import grading
 from ..errors import ExitCode, LabsError
-from .common import course_of
+from .common import console, course_of
 
 RESTART_DELAY_S = 2.0    # a dead worker is started again after this, doubling while it keeps dying
 STEADY_S = 60.0          # a worker that ran this long is healthy again (its delay resets)
@@ -175,7 +174,7 @@ def doctor_command(ctx, as_json):
     if as_json:
         click.echo(json.dumps(info, indent=2))
         return
-    c = Console(highlight=False, soft_wrap=True)
+    c = console()
     if info["gpu_model"] == "cpu":
         c.print(escape(f"no GPU on {info['host']}: {info.get('gpu', '')}; results graded here are recorded as "
                        "gpu_model cpu and GPU tests are skipped (labs runner --gpus cpu:N)"))

@@ -13,13 +13,12 @@ import time
 from pathlib import Path
 
 import click
-from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
 from .. import calibrate, files, gradebook as gradebook_api, grading
 from ..errors import ExitCode, LabsError
-from .common import course_of
+from .common import console, course_of
 
 DB_HELP = "database URL (default: $LABS_DB, else SQLite in the course's .labs-staff/server.db)"
 
@@ -238,7 +237,7 @@ def leaderboard_show(ctx, lab_number, gpu_model, db):
     for r in rows:
         t.add_row(str(r["rank"] or "-"), escape(r["student"] or ""), r["name"], escape(r["gpu_model"]),
                   f"{r['perf_ratio']:.4g}", f"{r['score']:.4g}", str(r["result_id"]), escape(r["invalid"] or ""))
-    Console(highlight=False, soft_wrap=True).print(t)
+    console().print(t)
 
 
 @leaderboard_group.command("invalid")
@@ -297,7 +296,7 @@ def calibrate_command(ctx, lab_numbers, json_path):
         click.echo(f"labs: {info['gpu']}: only the CPU perf tests run here; GPU thresholds need a GPU host",
                    err=True)
     out = []
-    c = Console(highlight=False, soft_wrap=True)
+    c = console()
     for number in lab_numbers:
         lab = course.lab(number)
         got = calibrate.calibrate(course, lab, model)
@@ -425,7 +424,7 @@ def regrade_requests_command(ctx, everything, db):
     for q in rows:
         t.add_row(str(q["id"]), escape(q["student"]), q["lab"], q["submission"], escape(q["reason"]), q["state"],
                   escape(q["answer"]))
-    Console(highlight=False, soft_wrap=True).print(t)
+    console().print(t)
 
 
 @click.command("regrade-answer")
@@ -531,7 +530,7 @@ def lti_status(ctx, db, everything):
         table.add_row(str(p["id"]), escape(p["student"]), p["lab"], p["state"], score, str(p["attempts"]),
                       escape(p["error"][:200]))
     if everything or pending:
-        Console(highlight=False, soft_wrap=True).print(table)
+        console().print(table)
 
 
 COMMANDS = [serve_command, roster_group, account_group, regrade_command, grant_command, leaderboard_group,

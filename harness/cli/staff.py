@@ -14,7 +14,6 @@ import threading
 from pathlib import Path
 
 import click
-from rich.console import Console
 from rich.markup import escape  # names and statuses are the students' text, never markup
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
@@ -23,7 +22,7 @@ from .. import (archives, classroom, container, gradebook as gradebook_api, grad
                release, scaffold)
 from ..errors import ExitCode, LabsError
 from ..manifest import LabPaths
-from .common import course_of
+from .common import console, course_of
 from .server import COMMANDS as SERVER_COMMANDS
 from .runner import COMMANDS as RUNNER_COMMANDS
 
@@ -90,9 +89,9 @@ def grade_all_command(ctx, submissions, lab_number, jobs, out_dir, gradebook, ti
         except ImportError as e:
             raise LabsError(str(e), hint="pip install 'ai-infra-labs[nbgrader]'") from None
 
-    console = Console(highlight=False, soft_wrap=True)
-    err = Console(stderr=True, highlight=False, soft_wrap=True)
-    tty = console.is_terminal
+    con = console()
+    err = console(stderr=True)
+    tty = con.is_terminal
     state = {"total": 0, "skipped": 0, "done": 0, "failed": 0}
     progress = task = None
     if tty:
@@ -110,7 +109,7 @@ def grade_all_command(ctx, submissions, lab_number, jobs, out_dir, gradebook, ti
             progress.start()
             task = progress.add_task("grading", total=total - skipped, lab=lab.number, ok=0, failed=0)
         else:
-            console.print(f"grading {total - skipped} of {total} submission(s) of lab {lab.number}, "
+            con.print(f"grading {total - skipped} of {total} submission(s) of lab {lab.number}, "
                           f"{jobs} at a time")
 
     def on_row(row: classroom.Row):
@@ -121,7 +120,7 @@ def grade_all_command(ctx, submissions, lab_number, jobs, out_dir, gradebook, ti
             progress.update(task, advance=1, ok=state["done"] - state["failed"], failed=state["failed"])
         else:
             ed = row.results["extra_data"]
-            console.print(escape(f"[{state['done']}/{state['total'] - state['skipped']}] {row.student}: "
+            con.print(escape(f"[{state['done']}/{state['total'] - state['skipped']}] {row.student}: "
                                  f"{classroom.score_text(row.results) or '-'}/{_max_text(ed, lab)} {row.status} "
                                  f"({row.duration_s:.1f} s)"))
 
@@ -152,11 +151,11 @@ def grade_all_command(ctx, submissions, lab_number, jobs, out_dir, gradebook, ti
         style = "green" if r.ok else "red"
         table.add_row(escape(r.student), classroom.score_text(r.results) or "-", _max_text(ed, lab),
                       f"[{style}]{escape(r.status[:90])}[/]", "skipped" if r.skipped else f"{r.duration_s:.1f} s")
-    console.print(table)
+    con.print(table)
     scores = [r.results["score"] for r in run.rows if r.results.get("score") is not None]
     mean = sum(scores) / len(scores) if scores else 0.0
     ambiguous = sum(bool(r.results["extra_data"].get("entries")) for r in run.rows)
-    console.print(escape(f"{len(run.graded)} graded now, {len(run.rows) - len(run.graded)} skipped (already graded), "
+    con.print(escape(f"{len(run.graded)} graded now, {len(run.rows) - len(run.graded)} skipped (already graded), "
                          f"{sum(not r.ok for r in run.rows)} not ok"
                          + (f" ({ambiguous} ambiguous: keep one entry each and rerun)" if ambiguous else "")
                          + f"; mean {mean:.2f} / {lab.points:g}"

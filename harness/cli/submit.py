@@ -16,13 +16,12 @@ from pathlib import Path
 import click
 import httpx
 import platformdirs
-from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
 from .. import files, grading, impl as _impl
 from ..errors import ExitCode, LabsError
-from .common import course_of
+from .common import console, course_of
 
 CONFIG = Path(platformdirs.user_config_dir("ai-infra-labs")) / "server.json"
 TIMEOUT_S = 60.0
@@ -120,7 +119,7 @@ def _trial(server: str, token: str, lab, blob: bytes, wait: bool) -> None:
 
 def print_trial(got: dict) -> None:
     """A finished trial: each visible test, then each perf figure beside its thresholds."""
-    c = Console(highlight=False, soft_wrap=True)
+    c = console()
     if got["state"] == "failed":
         c.print(escape(f"the trial could not run: {got['error']} (it does not count against your quota)"))
         return
@@ -171,7 +170,7 @@ def status_command(sub_id, lab_number, wait, server, token, as_json):
             res = s.get("result") or {}
             t.add_row(s["id"], s["lab"], s["state"] + (f" ({s['position']})" if s.get("position") else ""),
                       f"{res['score']:.4g} / {res['max_score']:.4g}" if res else "", escape(res.get("status", s["error"])))
-        Console(highlight=False, soft_wrap=True).print(t)
+        console().print(t)
         return
     while True:
         sub = _request("GET", server, token, f"/api/submissions/{sub_id}").json()
@@ -185,7 +184,7 @@ def status_command(sub_id, lab_number, wait, server, token, as_json):
 
 
 def _print(sub: dict) -> None:
-    c = Console(highlight=False, soft_wrap=True)
+    c = console()
     line = f"lab {sub['lab']} submission {sub['id']}: {sub['state']}"
     if sub.get("position"):
         line += f", position {sub['position']} in the queue"
