@@ -29,6 +29,11 @@ Speculative decoding (``harness.sandbox.calls``; trusted table models built next
   tests' target, draft and target-only baseline, in the worker or here), ``model_log`` (a model's calls,
   kept outside the objects the submission gets), ``spec_runs`` (seeded runs of a generate function)
 
+Sharded training (``harness.sandbox.calls``; lab 15's full-parameter tagging probe)
+  ``sharded_run`` (a wrapper's construction, steps and a no-grad forward around a trusted
+  ``TrainNet``: full-parameter bytes held after every op, storages alive between steps,
+  reduce-scatter inputs)
+
 Oracles, in float64 (``harness.oracles``)
   ``attention``, ``causal_mask``, ``train_net`` (``TrainNet`` in float64)
 
@@ -47,10 +52,10 @@ from __future__ import annotations
 from .alloc import AllocationTracker
 from .bench import attention_flops, geomean
 from .oracles import attention, causal_mask, train_net
-from .sandbox.calls import (build_recompute, build_spec_decoders, build_spec_models, call_views, drive_scaler, fill_held, gradcheck,
-                            held_bytes, held_storages, is_instance, measure, model_log, param_grads, recompute,
-                            reachable_bytes, resident_bytes, restart, saved_tensors, source, spec_runs, train_steps,
-                            vjp, watch_storages)
+from .sandbox.calls import (build_recompute, build_spec_decoders, build_spec_models, call_views, drive_scaler,
+                            fill_held, gradcheck, held_bytes, held_storages, is_instance, measure, model_log,
+                            param_grads, recompute, reachable_bytes, resident_bytes, restart, saved_tensors,
+                            sharded_run, source, spec_runs, train_steps, vjp, watch_storages)
 from .sandbox.probes.comm import C10D_OPS
 from .sandbox.probes.recompute import GradScalerAdapter, RecomputeNet
 from .sandbox.probes.training import TrainNet
@@ -73,6 +78,8 @@ __all__ = [
     "build_recompute", "recompute", "drive_scaler", "train_steps", "RecomputeNet", "GradScalerAdapter",
     # speculative decoding
     "build_spec_models", "build_spec_decoders", "model_log", "spec_runs",
+    # sharded training
+    "sharded_run",
     # oracles
     "attention", "causal_mask", "train_net",
     # ranks

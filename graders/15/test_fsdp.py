@@ -16,8 +16,12 @@ shard after each step with the contract's slice of the padded flat (the float32 
 
 Communication is read from the rank's dispatcher log (every ``torch.distributed`` route ends
 in a ``c10d::`` or ``_c10d_functional::`` op, however it was reached) and counted per op as
-the contract says; memory from the storages reachable from the wrapper (its attributes,
-hooks, closures and the submission's globals), read next to the code by the harness.
+the contract says. Memory and the reduce-scatters' inputs come from the contract's tagging
+probe (``sharded_run``; the cases ``watched`` and ``watched_prefetch`` of ``CASES[WATCHED]``):
+every all-gather's output and every copy of it is full-parameter storage, whose bytes alive
+are summed after every op of forward and backward; every storage an op allocates is followed,
+so what is alive after construction and between steps is known (a storage kept in a global or
+a closure counts).
 """
 from __future__ import annotations
 
@@ -27,8 +31,8 @@ import threading
 import pytest
 import torch
 
-from harness.toolkit import (RankError, RankTimeout, SandboxError, assert_close, imported_names, measure,
-                             run_ranks, source)
+from harness.toolkit import (RankError, RankTimeout, SandboxError, assert_close, imported_names, run_ranks,
+                             sharded_run, source)
 
 T = 60.0  # one run of the ranks per world size (every case of that W); a deadlock waits this long
 LR = 0.25
@@ -204,8 +208,6 @@ def body_train(rk, seed, spec, plan, own_start=False, groups=None, prefetch=Fals
     if "full_state" in probe:
         out["full0"] = fsdp.full_state_dict()
         out["buffers0"] = rk.state(model)
-    if "reachable" in probe:
-        out["reach0"] = rk.reachable_bytes(fsdp)["total"]
     opt = None
     if optim is not None:
         opt = rk.call(rk.torch_function(optim[0]), fsdp.parameters(), **optim[1]).out
@@ -224,13 +226,20 @@ def body_train(rk, seed, spec, plan, own_start=False, groups=None, prefetch=Fals
                           if e["k"] == "c10d"]
             st["params"] = [t.detach().clone() for t in fsdp.parameters()]
         out["steps"].append(st)
-        if "reachable" in probe:
-            out["steps"][-1]["reach"] = rk.reachable_bytes(fsdp)["total"]
-    if "no_grad" in probe:
-        x, _ = batch(seed, rk.rank, 99, spec)
-        y, m = measure(fsdp, x, no_grad=True, alloc=False, ops=True)
-        out["no_grad"] = {"y": y, "reach": rk.reachable_bytes(fsdp)["total"]}
     out["rank"] = rank
+    return out
+
+
+def body_watched(rk, seed, spec, plan, prefetch=False, optim=None):
+    """One run watched by the contract's tagging probe (``sharded_run``): construction, one
+    backward and ``optim`` step (then ``zero_grad(set_to_none=True)``) per entry of ``plan``, a
+    no-grad forward; full-parameter bytes held after every op, storages alive after construction
+    and between steps, the reduce-scatters' inputs."""
+    model = rk.build_model({"layers": spec["layers"]}, init_state(seed, spec, 0))
+    batches = [batch(seed, rk.rank, step, spec) for step in range(len(plan))]
+    out = sharded_run(rk.impl.FSDP, model, spec["units"], batches, prefetch=prefetch, optim=optim,
+                      no_grad=batch(seed, rk.rank, 99, spec)[0], forbid=FORBID)
+    out["rank"] = rk.rank
     return out
 
 
@@ -267,6 +276,8 @@ def body_session(rk, seed, cases, agree):
         try:
             if kind == "bad_arguments":
                 out[name] = body_bad_arguments(rk, seed)
+            elif kind == "watched":
+                out[name] = body_watched(rk, seed, **kw)
             else:
                 out[name] = body_train(rk, seed, **kw, agree=lambda parties, ok, name=name: agree(name, parties, ok))
         except SandboxError:
@@ -481,7 +492,7 @@ CASES = {
     1: [("bad_arguments", "bad_arguments", {}), ("mlp", *train_case(MLP))],
     2: [("mlp", *train_case(MLP)), ("frozen", *train_case(FROZEN)), ("accumulate", *train_case(MLP, ACCUMULATE)),
         ("tied", *train_case(TIED)),
-        ("big", *train_case(BIG, probe=("reachable", "no_grad"))),
+        ("big", *train_case(BIG)),
         ("big_prefetch", *train_case(BIG, prefetch=True))],
     3: [("construct", *train_case(MLP, [], own_start=True, probe=("full_state",))), ("mlp", *train_case(MLP)),
         ("pad", *train_case(PAD)), ("group", *train_case(MLP, [{}], own_start=True, groups=[[1, 2]])),
@@ -493,6 +504,9 @@ CASES = {
     "wire": [("wire", *train_case(WIRE))],  # alone in its run: the loopback's bytes are this case's
 }
 WORLD = {"wire": 2}
+WATCHED = 3  # the world size of the runs watched by the contract's tagging probe (memory, reduce-scatter inputs)
+CASES[WATCHED] += [("watched", "watched", {"spec": BIG, "plan": TWO, "optim": ADAMW}),
+                   ("watched_prefetch", "watched", {"spec": BIG, "plan": TWO, "optim": ADAMW, "prefetch": True})]
 
 
 def unit_shards(spec, W):
@@ -657,6 +671,45 @@ def oracle_group(seed, spec, members):
 
 # ----------------------------------------------------------------------------- Part B
 
+def local_grads(seed, spec, plan, rank, W, optim=None):
+    """Per backward of ``plan``: rank ``rank``'s own full gradient (its loss alone, not averaged)
+    of every trainable parameter, at the parameters that backward sees."""
+    trainable = [n for n, _, t in params_of(spec) if t]
+    state = init_state(seed, spec, 0)
+    steps = oracle(seed, spec, W, plan, list(range(W)), optim)
+    out = []
+    for step in range(len(plan)):
+        now = state if step == 0 else steps[step - 1]["params"]
+        params = {n: now[n].double().clone().requires_grad_(n in trainable) for n, _, _ in params_of(spec)}
+        x, go = batch(seed, rank, step, spec)
+        y = _forward(dict(params, scale=state["scale"].double()), spec, x)
+        out.append(dict(zip(trainable, torch.autograd.grad((y * go.double()).sum(), [params[n] for n in trainable]))))
+    return out
+
+
+def check_reduce_scatter_inputs(cases):
+    """The reduce-scatters of a watched run carry the gradients: per unit, the float64 sum of the
+    inputs of the reduce-scatters of its padded flat (W c_u elements) is the sum of this rank's
+    own full gradient of the unit (or of that gradient divided by W, averaged before)."""
+    seed, W = cases.seed, WATCHED
+    res = cases(WATCHED, "watched")
+    check_training(res, seed, BIG, W, TWO, optim=ADAMW)  # the property is graded on right values
+    cs = unit_shards(BIG, W)
+    names = [pair[0] for pair in flats(BIG)]
+    for out in res:
+        grads = local_grads(seed, BIG, TWO, out["rank"], W, optim=ADAMW)
+        for step, st in enumerate(out["steps"]):
+            for u, c in enumerate(cs):
+                g = torch.cat([grads[step][n].reshape(-1) for n in names[u]])
+                want, tol = float(g.sum()), 1e-6 * g.numel() + 1e-5 * float(g.abs().sum())
+                got = sum(x for n, x in st["rs"] if n == W * c)
+                assert any(abs(got - want * k) <= tol for k in (1, 1 / W)), (
+                    f"reduce-scatter without the gradients: the reduce-scatter inputs of unit {u}'s flat ({W * c} "
+                    f"elements; root last) sum to {got:.6g} on rank {out['rank']} in backward {step}, this rank's "
+                    f"gradient of that unit sums to {want:.6g} (W={W}): reduce-scatter the unit's own gradient "
+                    "(not zeros, with the gradients moved through the store or another collective)")
+
+
 @pytest.mark.part("B")
 @pytest.mark.points(3)
 def test_step_sends_at_most_two_gathers_and_one_reduce_scatter_per_unit(cases):
@@ -665,6 +718,7 @@ def test_step_sends_at_most_two_gathers_and_one_reduce_scatter_per_unit(cases):
     cs = unit_shards(BIG, W)
     bound = (W - 1) * sum(3 * c for c in cs)
     check_training(cases(W, "big"), seed, BIG, W, [{}])  # the property is graded on right values
+    sent = []
     for out in cases(W, "big"):
         st = out["steps"][0]
         fwd = [e for e in st["fwd"] if e["k"] == "c10d"]
@@ -672,6 +726,7 @@ def test_step_sends_at_most_two_gathers_and_one_reduce_scatter_per_unit(cases):
         _, fk = sent_elements(fwd, W)
         _, bk = sent_elements(bwd, W)
         where = f"W={W}, rank {out['rank']}, unit shards c={cs} (root last)"
+        sent.append((sent_elements(fwd + bwd, W)[0], fk, bk, where))
         bad = [k for k, _ in fk if k != "ag"]
         assert not bad, f"forward communicates {bad[0]} ({where}): forward issues only all-gathers"
         bad = [k for k, _ in bk if k not in ("ag", "rs")]
@@ -681,9 +736,10 @@ def test_step_sends_at_most_two_gathers_and_one_reduce_scatter_per_unit(cases):
         assert not missing, (f"gradients not reduce-scattered: backward issues no reduce-scatter of the trainable "
                              f"flat of units {missing} (root last; {where}; backward ops {bk[:8]}): reduce-scatter "
                              "each unit's gradient (not the store, a socket or anything the group does not see)")
-        sent, _ = sent_elements(fwd + bwd, W)
-        assert sent <= bound, (
-            f"too many elements sent: {sent:.0f} per rank per step, the contract's bound is {bound} ({where}): two "
+    check_reduce_scatter_inputs(cases)  # before the bytes: gradients moved beside the reduce-scatter send more
+    for elements, fk, bk, where in sent:
+        assert elements <= bound, (
+            f"too many elements sent: {elements:.0f} per rank per step, the contract's bound is {bound} ({where}): two "
             f"all-gathers and one reduce-scatter per unit; the ops: forward {fk[:6]}, backward {bk[:8]}")
     for out in cases(W, "adamw"):
         for i, st in enumerate(out["steps"]):
@@ -716,43 +772,131 @@ def test_gradients_reduce_scattered_unit_by_unit_during_backward(cases):
                 "unit's gradient as soon as it is complete (create the views at each forward)")
 
 
+def unit_bytes(spec, W, itemsize=8):
+    """B_u = W (c_u + c_u^frozen) itemsize of every unit, root last: its padded flat bytes."""
+    n = {name: k for name, k, _ in params_of(spec)}
+    return [sum(W * math.ceil(sum(n[x] for x in names) / W) for names in pair if names) * itemsize
+            for pair in flats(spec)]
+
+
+def resident_bound(spec, W, prefetch):
+    """The contract's bound on full-parameter bytes held: B_root + max_u B_u, with prefetch
+    B_root + max_i (B_i + B_{i+1})."""
+    B = unit_bytes(spec, W)
+    units = B[:-1]
+    pairs = [x + y for x, y in zip(units, units[1:])] if prefetch else []
+    return B[-1] + max(pairs + units, default=0)
+
+
+def check_resident(out, spec, W, prefetch):
+    """Full-parameter bytes held after every op of forward and backward within the bound, 0 when
+    backward has returned; a failure names what held them (an all-gather's output, or a copy)."""
+    bound = resident_bound(spec, W, prefetch)
+    B = unit_bytes(spec, W)
+    least = B[-1] + max(B[:-1], default=0)  # the root and the largest unit, gathered while it computes
+    for i, st in enumerate(out["steps"]):
+        assert W == 1 or st["forward"][0] >= least, (
+            f"full parameters not seen gathered: at most {st['forward'][0]} bytes of all-gathered storage were alive "
+            f"in forward {i} (W={W}, rank {out['rank']}), the root and the largest unit hold {least}: gather each "
+            "unit with an all-gather (all_gather_into_tensor) into its flat buffer; parameters moved another way "
+            "are not the contract's schedule")
+        for phase in ("forward", "backward"):
+            peak, op, held = st[phase]
+            if peak <= bound:
+                continue
+            what = (f"{peak} bytes of full parameters alive after {op} in {phase} {i} (W={W}, rank {out['rank']}, "
+                    f"prefetch={prefetch}; padded units B={B[:-1]} bytes, root {B[-1]}): the bound is {bound} "
+                    f"(B_root + {'max B_i + B_(i+1)' if prefetch else 'max B_u'}); held then: {held[:5]}")
+            copies = [h for h in held if h[0].startswith("aten.")]
+            if copies:
+                raise AssertionError(
+                    f"gathered copy kept alive: {what}: a copy of gathered parameters ({copies[0][0]}) holds the unit "
+                    "twice; gather straight into the flat buffer (all_gather_into_tensor), give the layers views of "
+                    "it, and free that storage (a copy autograd saved stays alive until its backward)")
+            if prefetch:
+                raise AssertionError(f"prefetch holds more than two units: {what}: prefetch only the next unit")
+            if phase == "forward":
+                raise AssertionError(
+                    f"unit kept gathered after its forward: {what}: reshard after forward (free the storage: "
+                    "untyped_storage().resize_(0); dropping the reference is not enough while autograd's saved "
+                    "views hold it) and gather it again before its backward")
+            raise AssertionError(f"unit kept gathered through backward: {what}: free each unit's buffer once its "
+                                 "gradient is reduce-scattered")
+        assert st["after_backward"] == 0, (
+            f"full parameters kept after backward: {st['after_backward']} bytes of gathered storage alive when "
+            f"backward {i} returned (W={W}, rank {out['rank']}, prefetch={prefetch}): free every gathered buffer, the "
+            "root's included, once its gradient is reduce-scattered")
+
+
+@pytest.mark.part("B")
+@pytest.mark.points(3)
+def test_full_parameters_resident_one_unit_at_a_time(cases):
+    """The contract's tagging probe: every all-gather's output and every copy of it is
+    full-parameter storage; the bytes of those alive after each op of forward and backward
+    stay within B_root + max_u B_u (one unit gathered at a time besides the root)."""
+    seed, W = cases.seed, WATCHED
+    res = cases(WATCHED, "watched")
+    check_training(res, seed, BIG, W, TWO, optim=ADAMW)  # the property is graded on right values
+    for out in res:
+        check_resident(out, BIG, W, prefetch=False)
+
+
 @pytest.mark.part("B")
 @pytest.mark.points(3)
 def test_only_shards_persist_between_steps(cases):
-    seed = cases.seed
-    W = 2
-    shard_bytes = sum(c for c in unit_shards(BIG, W)) * 8
-    buffers = BIG["layers"][-1]["out"] * 4
-    bound = shard_bytes + buffers + 1024
-    check_training(cases(W, "big"), seed, BIG, W, TWO)  # the property is graded on right values
-    for out in cases(W, "big"):
-        where = f"W={W}, rank {out['rank']}, shards {shard_bytes} B, buffers {buffers} B"
-        assert out["reach0"] <= bound, (
-            f"more than the shards persist after construction: {out['reach0']} bytes reachable from the wrapper "
-            f"({where}): keep only the shards (own storage, not views of the construction buffer)")
+    """Storages allocated by any op during construction, forward, backward and the optimizer
+    step that are alive right after construction and after each step and
+    ``zero_grad(set_to_none=True)`` (the optimizer's state left out; the original parameters
+    counted while they live), and the storages reachable from the wrapper then (its attributes,
+    hooks, closures, the submission's globals: made by an op or not): at most the shards + 1 KiB."""
+    seed, W = cases.seed, WATCHED
+    shard_bytes = sum(shard_sizes(BIG, W)) * 8
+    bound = shard_bytes + 1024
+    res = cases(WATCHED, "watched")
+    check_training(res, seed, BIG, W, TWO, optim=ADAMW)  # the property is graded on right values
+    for out in res:
+        where = f"W={W}, rank {out['rank']}, shards {shard_bytes} bytes"
+        alive = max(out["construct_alive"], out["construct_reach"], key=lambda a: a["bytes"])
+        assert alive["bytes"] <= bound, (
+            f"more than the shards persist after construction: {alive['bytes']} bytes allocated in construction are "
+            f"still alive ({where}; largest: {alive['largest']}): keep only the shards (their own storage, not views "
+            "of the construction buffer) and let the original parameters go")
         for i, st in enumerate(out["steps"]):
-            assert st["reach"] <= bound, (
-                f"full parameters kept after backward: {st['reach']} bytes reachable from the wrapper after step "
-                f"{i} ({where}): free every gathered buffer (storage resized to 0) once its gradient is reduced")
+            alive = max(st["alive"], st["reach"], key=lambda a: a["bytes"])
+            if alive["bytes"] <= bound:
+                continue
+            where = f"{where}; {alive['bytes']} bytes alive after step {i} and zero_grad(set_to_none=True), the " \
+                    f"optimizer's state left out; largest: {alive['largest']}"
+            assert st["after_backward"] == 0, (
+                f"full parameters kept after backward: {st['after_backward']} bytes of gathered storage alive when "
+                f"backward {i} returned ({where}): free every gathered buffer (storage resized to 0) once its "
+                "gradient is reduced")
+            raise AssertionError(
+                f"full gradient kept between steps ({where}): only the shards and their gradients persist; release "
+                "each full gradient once it is reduce-scattered into the shard's .grad")
 
 
 @pytest.mark.part("B")
 @pytest.mark.points(2)
 def test_no_grad_forward_frees_every_gathered_buffer(cases):
-    seed = cases.seed
-    W = 2
+    seed, W = cases.seed, WATCHED
     state = init_state(seed, BIG, 0)
-    oracle_state = oracle(seed, BIG, W, TWO, list(range(W)))[-1]["params"]
-    for out in cases(W, "big"):
+    oracle_state = oracle(seed, BIG, W, TWO, list(range(W)), optim=ADAMW)[-1]["params"]
+    bound = resident_bound(BIG, W, prefetch=False)
+    for out in cases(WATCHED, "watched"):
         x, _ = batch(seed, out["rank"], 99, BIG)
         want = _forward(dict(oracle_state, scale=state["scale"].double()), BIG, x)
-        assert_close(out["no_grad"]["y"], want, atol=ATOL, rtol=RTOL, what="output under torch.no_grad()",
-                     case=f"W={W}, rank {out['rank']}, after two steps")
-        reach = out["steps"][-1]["reach"]
-        assert out["no_grad"]["reach"] <= reach, (
-            f"gathered buffers kept after a no-grad forward: {out['no_grad']['reach']} bytes reachable from the "
-            f"wrapper, {reach} before it (W={W}, rank {out['rank']}): under torch.no_grad() free every buffer, the "
-            "root's included, before forward returns (pytorch/pytorch #149029)")
+        ng = out["no_grad"]
+        assert_close(ng["y"], want, atol=ATOL, rtol=RTOL, what="output under torch.no_grad()",
+                     case=f"W={W}, rank {out['rank']}, after two AdamW steps")
+        where = f"W={W}, rank {out['rank']}"
+        assert ng["after"] == 0, (
+            f"gathered buffers kept after a no-grad forward: {ng['after']} bytes of full parameters alive when "
+            f"forward returned under torch.no_grad() ({where}): free every buffer, the root's included, before "
+            "forward returns (pytorch/pytorch #149029)")
+        assert ng["peak"] <= bound, (
+            f"unit kept gathered after its forward under torch.no_grad(): {ng['peak']} bytes of full parameters "
+            f"alive after {ng['op']} ({where}), the bound is {bound}; held: {ng['held'][:5]}")
 
 
 @pytest.mark.part("B")
@@ -795,6 +939,18 @@ def test_every_byte_crosses_the_counted_collectives(cases):
 def test_prefetch_matches_training(W, cases):
     seed = cases.seed
     check_training(cases(W, "big_prefetch"), seed, BIG, W, TWO)
+
+
+@pytest.mark.part("C")
+@pytest.mark.points(2)
+def test_prefetch_holds_at_most_two_units(cases):
+    """With prefetch=True the full-parameter bytes held after each op of forward and backward
+    stay within B_root + max_i (B_i + B_(i+1)): the unit computing and the next one in flight."""
+    seed, W = cases.seed, WATCHED
+    res = cases(WATCHED, "watched_prefetch")
+    check_training(res, seed, BIG, W, TWO, optim=ADAMW)  # the property is graded on right values
+    for out in res:
+        check_resident(out, BIG, W, prefetch=True)
 
 
 @pytest.mark.part("C")

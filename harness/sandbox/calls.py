@@ -550,3 +550,84 @@ def spec_runs(fn, target, draft, prompt, gamma: int, new: int, kwargs: dict, see
             raise SandboxError("the implementation's process sent a malformed run")
         runs.append([[_int_list(f, "feed") for f in r[0]], [_int_list(f, "feed") for f in r[1]], r[2]])
     return value[0], runs
+
+
+# --- sharded training (lab 15): the contract's full-parameter tagging probe -------------------------
+
+def _int(x, what: str) -> int:
+    if type(x) is not int or x < 0:
+        raise SandboxError(f"the implementation's process sent a malformed {what}")
+    return x
+
+
+def _tensors(x, what: str) -> list:
+    if not isinstance(x, list) or not all(t is None or type(t) is torch.Tensor for t in x):
+        raise SandboxError(f"the implementation's process sent malformed {what}")
+    return x
+
+
+def _alive(x, key="bytes") -> dict:
+    if not isinstance(x, dict):
+        raise SandboxError("the implementation's process sent a malformed memory figure")
+    return {"bytes": _int(x.get(key), "memory figure"), "largest": str(x.get("largest", ""))[:300]}
+
+
+def _held(x) -> list:
+    if not isinstance(x, list):
+        raise SandboxError("the implementation's process sent a malformed peak")
+    return [[str(e[0])[:100], _int(e[1], "figure")] for e in x[:8] if isinstance(e, list) and len(e) == 2]
+
+
+def sharded_run(cls, model, units: list, batches: list, *, prefetch: bool = False, optim: tuple | None = None,
+                no_grad=None, forbid: Iterable[str] = ()) -> dict:
+    """One run of a sharding wrapper (lab 15) watched by the contract's tagging probe
+    (``probes.sharding.probe_sharded_run``): ``cls(model, [model.layers[n] for n in units],
+    prefetch=prefetch)`` (``cls`` the submission's class on a rank, ``model`` a trusted ``TrainNet``
+    handle there), then per ``(x, grad_output)`` of ``batches`` forward, backward, ``optim``
+    (``("torch.optim.AdamW" or "torch.optim.SGD", kwargs)``; default SGD lr 0.1) stepping the
+    wrapper's parameters and ``zero_grad(set_to_none=True)``; with ``no_grad`` (an input) a forward
+    under ``torch.no_grad()``. Returns the probe's dict, checked for type: ``shards0``, ``steps``
+    (per backward ``grads``, ``params``, ``forward`` / ``backward``: ``[peak bytes of full
+    parameters held, the op after which it was reached, [[what tagged a storage held then (an
+    all-gather op, or the copying op), bytes], ...]]``, ``after_backward`` (bytes held when
+    backward returned), ``alive`` (``{"bytes", "largest"}``: storages allocated during the run still
+    alive after the step and zero_grad, the optimizer's state left out, the original parameters
+    added while they live), ``reach`` (``{"bytes", "largest"}``: storages reachable from the wrapper
+    then, made by an op or not), ``rs`` (``[elements, float64 sum]`` of each reduce-scatter input in
+    backward)), ``construct_alive``, ``construct_reach``, ``no_grad`` (``{"y", "peak", "op", "held", "after"}``), and
+    ``outside``: the worker's figures read by the trusted side (``peak_growth_bytes``, ``cpu_s``;
+    None in-process). Every figure but ``outside`` is a claim of the submission's process."""
+    name, kwargs = optim if optim is not None else ("torch.optim.SGD", {"lr": 0.1})
+    opts = {"prefetch": bool(prefetch), "optim": name, "optim_kwargs": dict(kwargs), "no_grad": no_grad,
+            "forbid": list(forbid)}
+    value, figures, outside = run_probe("sharded_run", target=cls, model=model, units=list(units),
+                                        batches=[list(b) for b in batches], opts=opts,
+                                        what=f"a watched sharded run of {getattr(cls, '_short', cls)}")
+    if not (isinstance(value, dict) and isinstance(value.get("steps"), list) and len(value["steps"]) == len(batches)):
+        raise SandboxError("the implementation's process sent a malformed sharded run")
+    out = {"shards0": _tensors(value.get("shards0"), "shards"), "construct_alive": _alive(value.get("construct_alive")),
+           "construct_reach": _alive(value.get("construct_reach"), "total"), "steps": []}
+    for st in value["steps"]:
+        if not isinstance(st, dict):
+            raise SandboxError("the implementation's process sent a malformed step")
+        peaks = {}
+        for phase in ("forward", "backward"):
+            p = st.get(phase)
+            if not (isinstance(p, list) and len(p) == 3):
+                raise SandboxError("the implementation's process sent a malformed peak")
+            peaks[phase] = [_int(p[0], "peak"), str(p[1])[:100], _held(p[2])]
+        rs = st.get("rs")
+        if not (isinstance(rs, list) and all(isinstance(e, list) and len(e) == 2 and type(e[1]) is float for e in rs)):
+            raise SandboxError("the implementation's process sent malformed reduce-scatter inputs")
+        out["steps"].append({"grads": _tensors(st.get("grads"), "gradients"), "params": _tensors(st.get("params"),
+                             "parameters"), **peaks, "after_backward": _int(st.get("after_backward"), "figure"),
+                             "alive": _alive(st.get("alive")), "reach": _alive(st.get("reach"), "total"), "rs": [[_int(n, "count"), s] for n, s in rs[:1000]]})
+    ng = value.get("no_grad")
+    if no_grad is not None:
+        if not (isinstance(ng, dict) and type(ng.get("y")) is torch.Tensor):
+            raise SandboxError("the implementation's process sent a malformed no-grad forward")
+        out["no_grad"] = {"y": ng["y"], "peak": _int(ng.get("peak"), "peak"), "op": str(ng.get("op"))[:100],
+                          "held": _held(ng.get("held")), "after": _int(ng.get("after"), "figure")}
+    out["outside"] = {"peak_growth_bytes": measurement_from({}, outside).peak_growth_bytes,
+                      "cpu_s": outside.get("cpu_s")}
+    return out

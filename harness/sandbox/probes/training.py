@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import contextlib
+import weakref
 
 import torch
 
@@ -157,7 +158,7 @@ def _ready_event(name: str):
     return ready
 
 
-_MODEL_OBJECTS: dict = {}  # id(TrainNet) -> its Parameter and buffer objects as built (see probe_wraps)
+_MODEL_OBJECTS: dict = {}  # id(TrainNet) -> weak references to its Parameter and buffer objects as built (probe_wraps)
 
 
 def probe_build_model(module, spec, state, device="cpu"):
@@ -166,7 +167,9 @@ def probe_build_model(module, spec, state, device="cpu"):
     net = TrainNet(spec)
     net.load_state_dict(state, strict=True)
     net.to(torch.device(device))
-    _MODEL_OBJECTS[id(net)] = {"params": dict(net.named_parameters()), "buffers": dict(net.named_buffers())}
+    # weak references: a sharding wrapper must be able to free the originals (lab 15 counts them while they live)
+    _MODEL_OBJECTS[id(net)] = {"params": {n: weakref.ref(p) for n, p in net.named_parameters()},
+                               "buffers": {n: weakref.ref(b) for n, b in net.named_buffers()}}
     return net, {"keep": True}
 
 
@@ -187,9 +190,12 @@ def probe_wraps(module, target, model):
     Parameter and buffer objects are still the model's, in place)."""
     held = getattr(target, "_modules", {}).get("module") if isinstance(target, torch.nn.Module) else None
     params, buffers = dict(model.named_parameters()), dict(model.named_buffers())
-    return {"module": held is model,
-            "same_params": all(p is params.get(n) for n, p in _MODEL_OBJECTS.get(id(model), {}).get("params", {}).items()),
-            "same_buffers": all(b is buffers.get(n) for n, b in _MODEL_OBJECTS.get(id(model), {}).get("buffers", {}).items())}, {}
+    built = _MODEL_OBJECTS.get(id(model), {})
+
+    def same(refs, now):
+        return all(r() is not None and r() is now.get(n) for n, r in refs.items())
+    return {"module": held is model, "same_params": same(built.get("params", {}), params),
+            "same_buffers": same(built.get("buffers", {}), buffers)}, {}
 
 
 def probe_torch_ddp(module, target, bucket_cap_mb):

@@ -4,7 +4,7 @@ values stay right).
 Caught by: test_only_shards_persist_between_steps."""
 SELECT = 'test_only_shards_persist'
 MESSAGE = 'full parameters kept after backward'
-MUTATE = [("            if f is not None and not f.gathered:\n", "            if f is not None:  # refilled each time\n"),
+MUTATE = [("            if f is not None and not f.gathered:\n", "            if f is not None and f.work is None:  # refilled each time (unless a prefetch is in flight)\n"),
           ("                f.shard.grad.add_(out)\n            self._free(i)\n", "                f.shard.grad.add_(out)\n"),
           ("        for i in range(len(self._flats)):\n            self._free(i)\n\n    def _queue_end",
            "        pass\n\n    def _queue_end"),

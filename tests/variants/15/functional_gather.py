@@ -4,7 +4,7 @@ straight into the flat buffer, always blocking (prefetch launches it and waits a
 the unit: still launched before the previous unit's compute in forward). It must lose no
 point on the tests it runs."""
 MAY_FAIL = []
-SELECT = "matches_single_process or step_sends or reduce_scattered or only_shards or no_grad"
+SELECT = "matches_single_process or step_sends or reduce_scattered or only_shards or no_grad or full_parameters_resident or prefetch_holds"
 MUTATE = [
     ("        self.work = dist.all_gather_single(self.full.data, self.shard.detach(), group=group, async_op=async_op)\n"
      "        if not async_op:\n            self.work = None\n",
