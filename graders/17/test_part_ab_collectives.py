@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import math
 import threading
+from collections import Counter
 
 import pytest
 import torch
@@ -427,6 +428,32 @@ def test_tree_root_errors(runs):
                 raise AssertionError(f"the root error must name the value ({case}): {got[1]!r}")
 
 
+def message_pairs(comms, case):
+    """Elements sent per ordered pair (a, b) of global ranks, from every rank's log (``send``/``recv``
+    events, each with its peer: the stand-ins read it in the rank's process). Cross-checked: every
+    message names its peer, and what a logged sending to b is what b logged receiving from a."""
+    sent, got = Counter(), Counter()
+    for r, c in enumerate(comms):
+        for e in (c or {}).get("events", []):
+            if e.get("k") not in ("send", "recv"):
+                continue
+            peer = e.get("peer")
+            if not isinstance(peer, int) or not 0 <= peer < len(comms) or peer == r or comms[peer] is None:
+                raise AssertionError(f"a message without a known peer ({case}): rank {r} logged a {e['k']} with peer "
+                                     f"{peer!r} (name the peer of every send and receive)")
+            if e["k"] == "send":
+                sent[(r, peer)] += e.get("numel", 0)
+            else:
+                got[(peer, r)] += e.get("numel", 0)
+    if sent != got:
+        bad = sorted(p for p in set(sent) | set(got) if sent[p] != got[p])[:3]
+        raise AssertionError(f"the ranks' message logs disagree ({case}): "
+                             + "; ".join(f"rank {a} logged {sent[(a, b)]} elements sent to rank {b}, rank {b} "
+                                         f"logged {got[(a, b)]} received from rank {a}" for a, b in bad)
+                             + " (every message must go through torch.distributed's send/recv/isend/irecv)")
+    return sent
+
+
 def min_height(children: list, root: int) -> int:
     """The least height any tree with these child counts and this root can have: the ranks with
     the most children placed nearest the root (a tree the logs allow; chains and flat trees fail)."""
@@ -460,6 +487,30 @@ def check_tree(W, root, n, comm, fan, single, what, case):
         raise AssertionError(f"{what}: tree too tall (a chain?) ({case}): with these child counts "
                              f"{[comm[r][fan] for r in range(W)]} no tree is shorter than {h} hops; the bound is "
                              f"ceil(log2 W) = {bound} (a binomial tree: parent of v is v - lowbit(v))")
+    pairs = message_pairs(comm, case)
+    up = "recv" if single == "recv_msgs" else "send"   # a rank's one message to / from its parent
+    parent = {r: next(e["peer"] for e in comm[r]["events"] if e.get("k") == up) for r in range(W) if r != root}
+    if any(pairs[(parent[r], r) if up == "recv" else (r, parent[r])] != n for r in parent):
+        raise AssertionError(f"{what}: every message between a rank and its parent must carry the N elements ({case}):"
+                             f" elements per pair {dict(pairs)}")
+    depth = {root: 0}
+    for r in range(W):
+        path = [r]
+        while path[-1] not in depth and len(path) <= W:
+            path.append(parent[path[-1]])
+        if path[-1] not in depth:
+            raise AssertionError(f"{what}: the messages do not form a tree rooted at {root} ({case}): following each "
+                                 f"rank's parent from rank {r} gives {path[:W]} (parents {parent})")
+        for i, q in enumerate(reversed(path[:-1])):
+            depth[q] = depth[path[-1]] + i + 1
+    deepest = max(depth, key=depth.get)
+    if depth[deepest] > bound:
+        path = [deepest]
+        while path[-1] != root:
+            path.append(parent[path[-1]])
+        raise AssertionError(f"{what}: tree too tall (a chain?) ({case}): the parents the messages show ({parent}) "
+                             f"give rank {deepest} a path of {depth[deepest]} hops to the root ({' -> '.join(map(str, path))}"
+                             f"); the bound is ceil(log2 W) = {bound} (a binomial tree: parent of v is v - lowbit(v))")
 
 
 @pytest.mark.part("A")
@@ -661,11 +712,21 @@ def test_hierarchical_all_reduce_elements_per_rank(W, L, runs):
     specs, cases, seed = [(L, None)], hier_cost_cases(W), runs.seed
     res = runs("hier", W, f"cost_L{L}")
 
-    def bound(item, L, Wh, n, dtype, case, *_):
+    def bound(item, L, Wh, n, dtype, case, res, members, k, i):
         nn = Wh // L
         c = ceil_div(n, L)
         elems = 2 * (L - 1) * c + 2 * (nn - 1) * ceil_div(c, nn)
         comm = item["comm"]
+        pairs = message_pairs([res[g][k]["got"][i]["comm"] if g in members else None for g in range(W)], case)
+        me = next(m for m in members if res[m][k]["got"][i] is item)
+        node = lambda q: members.index(q) // L
+        inter = sum(v for (a, b), v in pairs.items() if a == me and node(b) != node(me))
+        inter_bound = 2 * (nn - 1) * ceil_div(c, nn)
+        if inter > inter_bound:
+            raise AssertionError(f"too many elements sent to other nodes for the hierarchical all-reduce ({case}): "
+                                 f"sent {inter} to ranks on other nodes (node = hierarchy rank // L), the bound is "
+                                 f"2 (n-1) ceil(ceil(N/L)/n) = {inter_bound} (only this rank's chunk of ceil(N/L) "
+                                 f"crosses nodes, all-reduced among the same local rank of every node)")
         if comm["sent_elems"] > elems:
             raise AssertionError(f"too many elements sent for the hierarchical all-reduce ({case}): sent "
                                  f"{comm['sent_elems']}, the bound is 2 (L-1) ceil(N/L) + 2 (n-1) ceil(ceil(N/L)/n) = "
@@ -759,18 +820,26 @@ def jobs_of(family, W, seed):
     return jobs
 
 
+GROUPS_PER_RUN = 13  # gloo groups one run of Part B may create (each holds threads in every rank until the run ends)
+
+
 def runs_of(family, W, seed):
     """The jobs of ``jobs_of`` split into runs: one for hd_all_reduce, one for the trees, and for
-    Part B one per hierarchy (the jobs on the same (L, ranks) share it: each gloo group holds
-    threads in every rank until its run ends, and a run holding every L of W=8 runs out of them)."""
+    Part B each job in the first run where the hierarchies (the jobs on the same (L, ranks) share
+    one) make at most ``GROUPS_PER_RUN`` groups: a run holding every L of W=8 runs out of threads."""
     jobs = jobs_of(family, W, seed)
     if family != "hier":
         return [jobs]
-    by_spec: dict = {}
+    runs = []   # [jobs, the (L, ranks) of their hierarchies]
     for job in jobs:
-        specs = job[2][0] if job[1] == "hier" else [(1, None)]
-        by_spec.setdefault(repr(specs), []).append(job)
-    return list(by_spec.values())
+        mine = {(L, None if r is None else tuple(r)) for L, r in job[2][0]} if job[1] == "hier" else set()
+        fits = [run for run in runs if sum(len(r or range(W)) // L + L for L, r in run[1] | mine) <= GROUPS_PER_RUN]
+        if not fits:
+            runs.append([[], set()])
+            fits = [runs[-1]]
+        fits[0][0].append(job)
+        fits[0][1].update(mine)
+    return [run[0] for run in runs]
 
 
 BODIES = {"calls": body_calls, "view": body_view, "errors": body_errors, "bcast": body_bcast, "reduce": body_reduce,
