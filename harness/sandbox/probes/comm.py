@@ -105,11 +105,11 @@ def _peer(name: str, a: tuple, args: tuple, k: dict, method: bool):
         return None
 
 
-def _hook(name: str, original, method: bool, label: str | None = None):
+def _hook(name: str, original, method: bool, as_collective: str | None = None):
     """A permanent stand-in for a torch.distributed function or ProcessGroup method: it
     reports to the active CommCounter (if any), forbids what it forbids, and calls through.
-    ``label``: a functional collective counted as this collective (no ``launch`` event)."""
-    kind = name if label is None and (name in P2P or name == "recv_anysource") else "collective"
+    ``as_collective``: a functional collective counted as this collective (no ``launch`` event)."""
+    kind = name if as_collective is None and (name in P2P or name == "recv_anysource") else "collective"
 
     def hooked(*a, **k):
         c = _ACTIVE[-1] if _ACTIVE else None
@@ -131,8 +131,8 @@ def _hook(name: str, original, method: bool, label: str | None = None):
             side = "dst" if sending else "src"
             common.note(f"in {name}({side}={peer}, {nbytes} bytes) since t={time.time():.1f}")
         elif kind == "collective" and name != "batch_isend_irecv":
-            functional = label is not None
-            label = label or (_PG_METHODS.get(name, name) if method else name)
+            functional = as_collective is not None
+            label = as_collective or (_PG_METHODS.get(name, name) if method else name)
             c.collectives[label] = c.collectives.get(label, 0) + 1
             tensor = next((y for y in flat(list(args) + list(k.values())) if isinstance(y, torch.Tensor)), None)
             extra = {"sum": float(tensor.detach().double().sum())} if tensor is not None and \
@@ -144,7 +144,8 @@ def _hook(name: str, original, method: bool, label: str | None = None):
             c.collective_elems += max([_numel_list(x) for x in list(args) + list(k.values())] or [0])
             if label in c.forbid:
                 c.forbidden.append(label)
-                raise AssertionError(f"called torch.distributed.{label}: the contract forbids collectives "
+                where = f"_functional_collectives.{name} ({label})" if functional else label
+                raise AssertionError(f"called torch.distributed.{where}: the contract forbids collectives "
                                      f"here (point-to-point send/recv only)")
             common.note(f"in {label} since t={time.time():.1f}")
         else:  # batch_isend_irecv: its isend/irecv calls are the ones counted
@@ -199,7 +200,7 @@ def install_comm_hooks() -> None:
     for name, label in FUNCTIONAL.items() if funcol is not None else ():
         original = vars(funcol).get(name)
         if callable(original):
-            new = _hook(name, original, method=False, label=label)
+            new = _hook(name, original, method=False, as_collective=label)
             _INSTALLED.append((funcol, name, original, new))
             setattr(funcol, name, new)
     for cls in {C.Work, getattr(c10d, "Work", C.Work), torch.futures.Future}:
