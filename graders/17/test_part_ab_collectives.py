@@ -6,11 +6,13 @@ data collective forbidden, and the counter's report (messages, elements and byte
 message's peer, read at torch.distributed's functions and the dispatcher, for the whole worker) comes
 back with the result. The grader computes the oracle in float64 (int64 for integers) and compares.
 
-One run of the ranks per world size and family (``hd``: hd_all_reduce, ``tree``: the trees; Part B:
-one per hierarchy) holds every test's job of that W (``runs_of``), run at the first test that needs it with the
-first test's seed; each test grades its own property on its own job's results. A job that raises on
-a rank is that job's result, and every rank stops after it (the ranks agree after each job): the
-jobs after it run in a fresh run, so a deviation costs only the tests of the jobs it breaks.
+One run of the ranks per world size holds every test's job of that W (``runs_of``: hd_all_reduce's,
+the trees', Part B's; Part B's hierarchies spread over more runs where their groups would be too
+many), run at the first test that needs it with the first test's seed; each test grades its own
+property on its own job's results. A job that raises on a rank is that job's result, and every
+rank stops after it (the ranks agree after each job); a job that hangs or kills a rank is that
+job's result too (each job's results are kept as it ends): the jobs after it run in a fresh run,
+so a deviation costs only the tests of the jobs it breaks.
 
 Each test grades one property on inputs where the others cannot matter: values on float32/float64/
 integer sums and maxima; "avg" alone; float16/bfloat16 rounding alone on inputs whose float32 sum is
@@ -823,22 +825,21 @@ def jobs_of(family, W, seed):
 GROUPS_PER_RUN = 13  # gloo groups one run of Part B may create (each holds threads in every rank until the run ends)
 
 
-def runs_of(family, W, seed):
-    """The jobs of ``jobs_of`` split into runs: one for hd_all_reduce, one for the trees, and for
-    Part B each job in the first run where the hierarchies (the jobs on the same (L, ranks) share
-    one) make at most ``GROUPS_PER_RUN`` groups: a run holding every L of W=8 runs out of threads."""
-    jobs = jobs_of(family, W, seed)
-    if family != "hier":
-        return [jobs]
+def runs_of(W, seed):
+    """Every job of world size W (``jobs_of`` of each family, named ``family:name``) split into runs:
+    each job goes into the first run where the hierarchies (the jobs on the same (L, ranks) share one)
+    make at most ``GROUPS_PER_RUN`` groups (a run holding every L of W=8 runs out of threads); the
+    jobs that make no group (hd_all_reduce, the trees) all go into the first."""
     runs = []   # [jobs, the (L, ranks) of their hierarchies]
-    for job in jobs:
-        mine = {(L, None if r is None else tuple(r)) for L, r in job[2][0]} if job[1] == "hier" else set()
-        fits = [run for run in runs if sum(len(r or range(W)) // L + L for L, r in run[1] | mine) <= GROUPS_PER_RUN]
-        if not fits:
-            runs.append([[], set()])
-            fits = [runs[-1]]
-        fits[0][0].append(job)
-        fits[0][1].update(mine)
+    for family in ("hd", "tree", "hier"):
+        for name, kind, args in jobs_of(family, W, seed):
+            mine = {(L, None if r is None else tuple(r)) for L, r in args[0]} if kind == "hier" else set()
+            fits = [run for run in runs if sum(len(r or range(W)) // L + L for L, r in run[1] | mine) <= GROUPS_PER_RUN]
+            if not fits:
+                runs.append([[], set()])
+                fits = [runs[-1]]
+            fits[0][0].append((f"{family}:{name}", kind, args))
+            fits[0][1].update(mine)
     return [run[0] for run in runs]
 
 
@@ -862,39 +863,51 @@ class Agree:
             return len(votes) >= self.parties and all(votes)
 
 
-def body_run(rk, seed, jobs, agree):
-    """The jobs in order, one process group; a job that raises on this rank is recorded
-    (``{"error": ...}``) and, like a job that raised on another rank, ends the run."""
-    out, hierarchies = {}, {}
+def body_run(rk, seed, jobs, agree, log):
+    """The jobs in order, one process group; each job's result goes into ``log[rank][name]`` as it
+    ends. A job that raises on this rank is recorded (``{"error": ...}``) and, like a job that
+    raised on another rank, ends the run."""
+    hierarchies = {}
     for name, kind, args in jobs:
         rk.note(f"job {name}")
         ok = True
         try:
             extra = (hierarchies,) if kind == "hier" else ()
-            out[name] = BODIES[kind](rk, seed, *args, *extra)
+            log[rk.rank][name] = BODIES[kind](rk, seed, *args, *extra)
         except SandboxError:
             raise
         except Exception as e:  # noqa: BLE001 - graded by the test of that job
-            out[name], ok = {"error": f"{type(e).__name__}: {e}"[-3000:]}, False
+            log[rk.rank][name], ok = {"error": f"rank {rk.rank} of {rk.world_size} raised {type(e).__name__}: {e}"
+                                      [-3000:]}, False
         if not agree(name, ok):
             break
-    return out
 
 
 def run_jobs(impl, seed, W, jobs):
-    """Per rank, job name -> result; the jobs after one that raised run again in a fresh run. A
-    run that fails as a whole (a deadlock, a rank that died) is the result of each job it held."""
+    """Per rank, job name -> result. The jobs after one that raised run again in a fresh run; a
+    run that fails as a whole (a deadlock, a rank that died) is the result of the job it was in
+    (the jobs every rank had ended keep their results, the ones after it run again), so a hang
+    costs its own job only."""
     out = [{} for _ in range(W)]
     while jobs:
+        log = {r: {} for r in range(W)}
+        failure = None
         try:
-            res = run_ranks(body_run, W, seed, jobs, Agree(W), impl=impl, timeout=T)
+            run_ranks(body_run, W, seed, jobs, Agree(W), log, impl=impl, timeout=T)
         except (RankError, RankTimeout) as e:
-            for r in range(W):
-                out[r].update({name: {"error": str(e), "whole_run": True} for name, _, _ in jobs})
-            break
+            failure = str(e)
+        ran = 0
+        while ran < len(jobs) and all(jobs[ran][0] in log[r] for r in range(W)):
+            ran += 1
         for r in range(W):
-            out[r].update(res[r])
-        jobs = jobs[max(1, min(len(r) for r in res)):]
+            out[r].update({name: log[r][name] for name, _, _ in jobs[:ran]})
+        if failure is not None and ran < len(jobs):
+            name = jobs[ran][0]
+            raised = [log[r][name] for r in range(W) if isinstance(log[r].get(name), dict) and "error" in log[r][name]]
+            for r in range(W):
+                out[r][name] = raised[0] if raised else {"error": failure}
+            ran += 1
+        jobs = jobs[max(1, ran):]
     return out
 
 
@@ -912,14 +925,15 @@ class Runs:
         self.seed = store.setdefault("seed", seed)
 
     def __call__(self, family, W, name):
-        jobs = next(run for run in runs_of(family, W, self.seed) if name in [job[0] for job in run])
-        key = (family, W, jobs[0][0])
+        name = f"{family}:{name}"
+        jobs = next(run for run in runs_of(W, self.seed) if name in [job[0] for job in run])
+        key = (W, jobs[0][0])
         if key not in self.store:
             self.store[key] = run_jobs(self.impl, self.seed, W, jobs)
         outs = [rank[name] for rank in self.store[key]]
-        for r, o in enumerate(outs):
+        for o in outs:
             if isinstance(o, dict) and "error" in o:
-                raise AssertionError(o["error"] if o.get("whole_run") else f"rank {r} of {W} raised {o['error']}")
+                raise AssertionError(o["error"])
         return outs
 
 
