@@ -1,10 +1,18 @@
 """Hidden graders of lab 17, parts A and B: collectives beyond the ring (lab-contracts.md section 17).
 
 Every case runs on W sandboxed gloo ranks (run_ranks). A body drives its rank: inputs are built
-here from the test's seed and sent as tensors, each call runs under the communication counter with
-every data collective forbidden, and the counter's report (messages, elements and bytes sent, read
-at torch.distributed's functions and the dispatcher, for the whole worker) comes back with the
-result. The grader computes the oracle in float64 (int64 for integers) and compares.
+here from the seed and sent as tensors, each call runs under the communication counter with every
+data collective forbidden, and the counter's report (messages, elements and bytes sent with each
+message's peer, read at torch.distributed's functions and the dispatcher, for the whole worker) comes
+back with the result. The grader computes the oracle in float64 (int64 for integers) and compares.
+
+One run of the ranks per world size holds every test's job of that W (``runs_of``: hd_all_reduce's,
+the trees', Part B's; Part B's hierarchies spread over more runs where their groups would be too
+many), run at the first test that needs it with the first test's seed; each test grades its own
+property on its own job's results. A job that raises on a rank is that job's result, and every
+rank stops after it (the ranks agree after each job); a job that hangs or kills a rank is that
+job's result too (each job's results are kept as it ends): the jobs after it run in a fresh run,
+so a deviation costs only the tests of the jobs it breaks.
 
 Each test grades one property on inputs where the others cannot matter: values on float32/float64/
 integer sums and maxima; "avg" alone; float16/bfloat16 rounding alone on inputs whose float32 sum is
@@ -14,15 +22,17 @@ the height the logs allow) only after the values were checked on the same call.
 from __future__ import annotations
 
 import math
+import threading
+from collections import Counter
 
 import pytest
 import torch
 
-from harness.toolkit import DATA_COLLECTIVES, View, assert_close, run_ranks
+from harness.toolkit import DATA_COLLECTIVES, RankError, RankTimeout, SandboxError, View, assert_close, run_ranks
 
 DT = {"fp32": torch.float32, "fp64": torch.float64, "fp16": torch.float16, "bf16": torch.bfloat16,
       "int32": torch.int32, "int64": torch.int64}
-T = 20.0    # seconds per run: the reference needs well under one; a deadlock fails at the limit
+T = 30.0    # seconds per run (every job of one W and family): the reference needs a few; a deadlock fails here
 TOL = {"fp32": (1e-5, 1e-5), "fp64": (1e-12, 1e-12)}
 
 
@@ -89,7 +99,7 @@ def check_values(got, want, dtype, what, case):
 
 # ----------------------------------------------------------------------------- rank bodies
 
-def body_calls(rk, fn_name, seed, cases):
+def body_calls(rk, seed, fn_name, cases):
     """Each case ``(n, dtype, op, kind, extra)``: this rank's input, the call, the result and the report."""
     out = []
     for n, dtype, op, kind, extra in cases:
@@ -104,10 +114,6 @@ def body_calls(rk, fn_name, seed, cases):
     return out
 
 
-def run_calls(fn_name, W, seed, cases, impl):
-    return run_ranks(body_calls, W, fn_name, seed, cases, impl=impl, timeout=T)
-
-
 # ============================================================================= Part A: hd_all_reduce
 
 def hd_cases(W):
@@ -120,10 +126,10 @@ def hd_cases(W):
 @pytest.mark.part("A")
 @pytest.mark.points(1)
 @pytest.mark.parametrize("W", [1, 2, 3, 4, 5, 6, 7, 8], ids=lambda w: f"W{w}")
-def test_hd_all_reduce_values(W, impl, seed):
+def test_hd_all_reduce_values(W, runs):
     """sum and max of float32/float64/int32/int64 on every rank, for N below, around and above W."""
-    cases = hd_cases(W)
-    res = run_calls("hd_all_reduce", W, seed, cases, impl)
+    cases, seed = hd_cases(W), runs.seed
+    res = runs("hd", W, "values")
     for i, (n, dtype, op, kind, _) in enumerate(cases):
         want = oracle([make_input(seed, r, n, dtype) for r in range(W)], op)
         for r in range(W):
@@ -135,9 +141,9 @@ def test_hd_all_reduce_values(W, impl, seed):
 @pytest.mark.part("A")
 @pytest.mark.points(1)
 @pytest.mark.parametrize("W", [3, 4], ids=lambda w: f"W{w}")
-def test_hd_all_reduce_avg_divides_once(W, impl, seed):
-    cases = [(n, dt, "avg", "randn", {}) for n in (W + 2, 23) for dt in ("fp32", "fp64")]
-    res = run_calls("hd_all_reduce", W, seed, cases, impl)
+def test_hd_all_reduce_avg_divides_once(W, runs):
+    cases, seed = avg_cases(W), runs.seed
+    res = runs("hd", W, "avg")
     for i, (n, dtype, op, kind, _) in enumerate(cases):
         xs = [make_input(seed, r, n, dtype) for r in range(W)]
         want = oracle(xs, "avg")
@@ -176,13 +182,12 @@ def check_rounded_once(res, seed, W, cases, what):
 @pytest.mark.part("A")
 @pytest.mark.points(1)
 @pytest.mark.parametrize("W", [3, 4], ids=lambda w: f"W{w}")
-def test_hd_all_reduce_half_precision_rounds_once(W, impl, seed):
-    cases = [(n, dt, op, "exact", {}) for n in (W + 1, 37) for dt in ("fp16", "bf16") for op in ("sum", "avg")]
-    res = run_calls("hd_all_reduce", W, seed, cases, impl)
-    check_rounded_once(res, seed, W, cases, "hd_all_reduce")
+def test_hd_all_reduce_half_precision_rounds_once(W, runs):
+    res = runs("hd", W, "half")
+    check_rounded_once(res, runs.seed, W, half_cases(W), "hd_all_reduce")
 
 
-def body_view(rk, fn_name, seed, rows, cols, extra):
+def body_view(rk, seed, fn_name, rows, cols, extra):
     """A strided view (every other column of a wider buffer); storage outside it holds -7."""
     base = torch.full((rows, 2 * cols + 1), -7.0)
     view = base[:, 1::2]
@@ -211,9 +216,9 @@ def check_view(res, seed, W, rows, cols, want_of, what):
 
 @pytest.mark.part("A")
 @pytest.mark.points(2)
-def test_hd_all_reduce_writes_through_views(impl, seed):
-    W, rows, cols = 3, 5, 3
-    res = run_ranks(body_view, W, "hd_all_reduce", seed, rows, cols, {}, impl=impl, timeout=T)
+def test_hd_all_reduce_writes_through_views(runs):
+    (W, rows, cols), seed = VIEW, runs.seed
+    res = runs("hd", W, "views")
     want = oracle([make_input(seed, r, rows * cols, "fp32") for r in range(W)], "sum")
     check_view(res, seed, W, rows, cols, lambda r: want, "hd_all_reduce")
 
@@ -221,9 +226,9 @@ def test_hd_all_reduce_writes_through_views(impl, seed):
 @pytest.mark.part("A")
 @pytest.mark.points(1)
 @pytest.mark.parametrize("W", [5, 8], ids=lambda w: f"W{w}")
-def test_hd_all_reduce_identical_bits_on_every_rank(W, impl, seed):
-    cases = [(n, "fp32", "sum", "randn", {}) for n in (4 * W + 3, 97)]
-    res = run_calls("hd_all_reduce", W, seed, cases, impl)
+def test_hd_all_reduce_identical_bits_on_every_rank(W, runs):
+    cases, seed = bits_cases(W), runs.seed
+    res = runs("hd", W, "bits")
     for i, (n, dtype, op, _, _) in enumerate(cases):
         want = oracle([make_input(seed, r, n, dtype) for r in range(W)], op)
         for r in range(W):
@@ -236,7 +241,7 @@ def test_hd_all_reduce_identical_bits_on_every_rank(W, impl, seed):
                                      f"elements {bad}")
 
 
-def body_errors(rk, fn_name, calls):
+def body_errors(rk, seed, fn_name, calls):
     """Each call must raise; returns (exception name or None, messages sent) per call."""
     out = []
     for x, kwargs in calls:
@@ -262,23 +267,20 @@ def check_errors(res, calls, expected, fn_name):
 
 @pytest.mark.part("A")
 @pytest.mark.points(1)
-def test_hd_all_reduce_argument_errors(impl):
-    calls = [(torch.zeros(3, dtype=torch.uint8), {}), (torch.zeros(3, dtype=torch.complex64), {}),
-             (torch.zeros(3, dtype=torch.int32), {"op": "avg"}), (torch.zeros(3), {"op": "prod"})]
+def test_hd_all_reduce_argument_errors(runs):
     expected = [("TypeError", "uint8"), ("TypeError", "complex64"), ("TypeError", ""), ("ValueError", "prod")]
-    res = run_ranks(body_errors, 2, "hd_all_reduce", calls, impl=impl, timeout=T)
-    check_errors(res, calls, expected, "hd_all_reduce")
+    res = runs("hd", 2, "errors")
+    check_errors(res, hd_error_calls(), expected, "hd_all_reduce")
 
 
 @pytest.mark.part("A")
 @pytest.mark.points(2)
 @pytest.mark.parametrize("W", [3, 4, 6, 8], ids=lambda w: f"W{w}")
-def test_hd_all_reduce_messages_and_elements_per_rank(W, impl, seed):
+def test_hd_all_reduce_messages_and_elements_per_rank(W, runs):
     """Per rank: <= 2 log2 p (+1 folded) messages, <= 2 (p-1) ceil(N/p) (+N folded) elements, each of
     at most max(itemsize, 4) bytes; N = 0 sends nothing."""
-    sizes = [8 * W + 5, 8 * 13 + 5, 0]
-    cases = [(n, "fp32", "sum", "randn", {}) for n in sizes] + [(8 * W + 5, "fp16", "sum", "exact", {})]
-    res = run_calls("hd_all_reduce", W, seed, cases, impl)
+    cases, seed = cost_cases(W), runs.seed
+    res = runs("hd", W, "cost")
     p = 1 << log2p(W)
     fold = W != p
     for i, (n, dtype, op, kind, _) in enumerate(cases):
@@ -330,9 +332,9 @@ def bcast_cases(seed, W):
 @pytest.mark.part("A")
 @pytest.mark.points(2)
 @pytest.mark.parametrize("W", [3, 6], ids=lambda w: f"W{w}")
-def test_tree_broadcast_values(W, impl, seed):
-    cases = bcast_cases(seed, W)
-    res = run_ranks(body_bcast, W, seed, cases, impl=impl, timeout=T)
+def test_tree_broadcast_values(W, runs):
+    cases, seed = bcast_cases(runs.seed, W), runs.seed
+    res = runs("tree", W, "bcast_values")
     for i, (n, dtype, src) in enumerate(cases):
         want = make_input(seed, src, n, dtype)
         for r in range(W):
@@ -364,9 +366,9 @@ def reduce_cases(seed, W):
 @pytest.mark.part("A")
 @pytest.mark.points(2)
 @pytest.mark.parametrize("W", [3, 5], ids=lambda w: f"W{w}")
-def test_tree_reduce_values(W, impl, seed):
-    cases = reduce_cases(seed, W)
-    res = run_ranks(body_reduce, W, seed, cases, impl=impl, timeout=T)
+def test_tree_reduce_values(W, runs):
+    cases, seed = reduce_cases(runs.seed, W), runs.seed
+    res = runs("tree", W, "reduce_values")
     for i, (n, dtype, dst, op, kind) in enumerate(cases):
         xs = [make_input(seed, r, n, dtype, kind) for r in range(W)]
         case = f"W={W}, N={n}, {dtype}, op={op}, dst={dst}"
@@ -377,9 +379,9 @@ def test_tree_reduce_values(W, impl, seed):
 @pytest.mark.part("A")
 @pytest.mark.points(1)
 @pytest.mark.parametrize("W", [4], ids=lambda w: f"W{w}")
-def test_tree_reduce_leaves_other_ranks_unchanged(W, impl, seed):
-    cases = reduce_cases(seed, W)[:2]
-    res = run_ranks(body_reduce, W, seed, cases, impl=impl, timeout=T)
+def test_tree_reduce_leaves_other_ranks_unchanged(W, runs):
+    cases, seed = reduce_cases(runs.seed, W)[:2], runs.seed
+    res = runs("tree", W, "reduce_unchanged")
     for i, (n, dtype, dst, op, kind) in enumerate(cases):
         xs = [make_input(seed, r, n, dtype, kind) for r in range(W)]
         check_values(res[dst][i]["got"], oracle(xs, op), dtype, "tree_reduce: wrong result on dst", f"W={W}")
@@ -392,16 +394,16 @@ def test_tree_reduce_leaves_other_ranks_unchanged(W, impl, seed):
 
 @pytest.mark.part("A")
 @pytest.mark.points(1)
-def test_tree_reduce_half_precision_rounds_once(impl, seed):
-    W = 5
-    cases = [(n, dt, 3, op, "exact") for n in (7, 30) for dt in ("fp16", "bf16") for op in ("sum", "avg")]
-    res = run_ranks(body_reduce, W, seed, cases, impl=impl, timeout=T)
+def test_tree_reduce_half_precision_rounds_once(runs):
+    W, cases = 5, reduce_half_cases()
+    res = runs("tree", W, "reduce_half")
     only_dst = [[res[r][i] if r == 3 else None for i in range(len(cases))] for r in range(W)]
-    check_rounded_once(only_dst, seed, W, [(n, dt, op, kind, {}) for n, dt, dst, op, kind in cases], "tree_reduce")
+    check_rounded_once(only_dst, runs.seed, W, [(n, dt, op, kind, {}) for n, dt, dst, op, kind in cases],
+                       "tree_reduce")
 
 
-def body_root_errors(rk, W):
-    out = []
+def body_root_errors(rk, seed):
+    W, out = rk.world_size, []
     for fn, kw in (("tree_broadcast", {"src": 1.0}), ("tree_broadcast", {"src": W}), ("tree_reduce", {"dst": "0"}),
                    ("tree_reduce", {"dst": -1})):
         try:
@@ -414,9 +416,9 @@ def body_root_errors(rk, W):
 
 @pytest.mark.part("A")
 @pytest.mark.points(1)
-def test_tree_root_errors(impl):
+def test_tree_root_errors(runs):
     W = 3
-    res = run_ranks(body_root_errors, W, W, impl=impl, timeout=T)
+    res = runs("tree", W, "root_errors")
     expected = [("tree_broadcast(src=1.0)", "TypeError", None), (f"tree_broadcast(src={W})", "ValueError", str(W)),
                 ("tree_reduce(dst='0')", "TypeError", None), ("tree_reduce(dst=-1)", "ValueError", "-1")]
     for r in range(W):
@@ -426,6 +428,32 @@ def test_tree_root_errors(impl):
                                      f"got {got[0] if got else 'nothing'}")
             if text and text not in got[1]:
                 raise AssertionError(f"the root error must name the value ({case}): {got[1]!r}")
+
+
+def message_pairs(comms, case):
+    """Elements sent per ordered pair (a, b) of global ranks, from every rank's log (``send``/``recv``
+    events, each with its peer: the stand-ins read it in the rank's process). Cross-checked: every
+    message names its peer, and what a logged sending to b is what b logged receiving from a."""
+    sent, got = Counter(), Counter()
+    for r, c in enumerate(comms):
+        for e in (c or {}).get("events", []):
+            if e.get("k") not in ("send", "recv"):
+                continue
+            peer = e.get("peer")
+            if not isinstance(peer, int) or not 0 <= peer < len(comms) or peer == r or comms[peer] is None:
+                raise AssertionError(f"a message without a known peer ({case}): rank {r} logged a {e['k']} with peer "
+                                     f"{peer!r} (name the peer of every send and receive)")
+            if e["k"] == "send":
+                sent[(r, peer)] += e.get("numel", 0)
+            else:
+                got[(peer, r)] += e.get("numel", 0)
+    if sent != got:
+        bad = sorted(p for p in set(sent) | set(got) if sent[p] != got[p])[:3]
+        raise AssertionError(f"the ranks' message logs disagree ({case}): "
+                             + "; ".join(f"rank {a} logged {sent[(a, b)]} elements sent to rank {b}, rank {b} "
+                                         f"logged {got[(a, b)]} received from rank {a}" for a, b in bad)
+                             + " (every message must go through torch.distributed's send/recv/isend/irecv)")
+    return sent
 
 
 def min_height(children: list, root: int) -> int:
@@ -461,14 +489,38 @@ def check_tree(W, root, n, comm, fan, single, what, case):
         raise AssertionError(f"{what}: tree too tall (a chain?) ({case}): with these child counts "
                              f"{[comm[r][fan] for r in range(W)]} no tree is shorter than {h} hops; the bound is "
                              f"ceil(log2 W) = {bound} (a binomial tree: parent of v is v - lowbit(v))")
+    pairs = message_pairs(comm, case)
+    up = "recv" if single == "recv_msgs" else "send"   # a rank's one message to / from its parent
+    parent = {r: next(e["peer"] for e in comm[r]["events"] if e.get("k") == up) for r in range(W) if r != root}
+    if any(pairs[(parent[r], r) if up == "recv" else (r, parent[r])] != n for r in parent):
+        raise AssertionError(f"{what}: every message between a rank and its parent must carry the N elements ({case}):"
+                             f" elements per pair {dict(pairs)}")
+    depth = {root: 0}
+    for r in range(W):
+        path = [r]
+        while path[-1] not in depth and len(path) <= W:
+            path.append(parent[path[-1]])
+        if path[-1] not in depth:
+            raise AssertionError(f"{what}: the messages do not form a tree rooted at {root} ({case}): following each "
+                                 f"rank's parent from rank {r} gives {path[:W]} (parents {parent})")
+        for i, q in enumerate(reversed(path[:-1])):
+            depth[q] = depth[path[-1]] + i + 1
+    deepest = max(depth, key=depth.get)
+    if depth[deepest] > bound:
+        path = [deepest]
+        while path[-1] != root:
+            path.append(parent[path[-1]])
+        raise AssertionError(f"{what}: tree too tall (a chain?) ({case}): the parents the messages show ({parent}) "
+                             f"give rank {deepest} a path of {depth[deepest]} hops to the root ({' -> '.join(map(str, path))}"
+                             f"); the bound is ceil(log2 W) = {bound} (a binomial tree: parent of v is v - lowbit(v))")
 
 
 @pytest.mark.part("A")
 @pytest.mark.points(1)
 @pytest.mark.parametrize("W", [5, 8], ids=lambda w: f"W{w}")
-def test_tree_broadcast_fan_out_and_height(W, impl, seed):
-    cases = [(3 * W + 1, "fp32", root_of(seed, W, 3)), (10, "fp16", root_of(seed, W, 4))]
-    res = run_ranks(body_bcast, W, seed, cases, impl=impl, timeout=T)
+def test_tree_broadcast_fan_out_and_height(W, runs):
+    cases, seed = bcast_tree_cases(runs.seed, W), runs.seed
+    res = runs("tree", W, "bcast_tree")
     for i, (n, dtype, src) in enumerate(cases):
         want = make_input(seed, src, n, dtype)
         case = f"W={W}, N={n}, {dtype}, src={src}"
@@ -486,9 +538,9 @@ def test_tree_broadcast_fan_out_and_height(W, impl, seed):
 @pytest.mark.part("A")
 @pytest.mark.points(1)
 @pytest.mark.parametrize("W", [6, 8], ids=lambda w: f"W{w}")
-def test_tree_reduce_fan_in_and_height(W, impl, seed):
-    cases = [(2 * W + 3, "fp32", root_of(seed, W, 5), "sum", "randn")]
-    res = run_ranks(body_reduce, W, seed, cases, impl=impl, timeout=T)
+def test_tree_reduce_fan_in_and_height(W, runs):
+    cases, seed = reduce_tree_cases(runs.seed, W), runs.seed
+    res = runs("tree", W, "reduce_tree")
     for i, (n, dtype, dst, op, kind) in enumerate(cases):
         xs = [make_input(seed, r, n, dtype, kind) for r in range(W)]
         case = f"W={W}, N={n}, {dtype}, dst={dst}"
@@ -511,11 +563,15 @@ def size_and_rank(group):
         return f"not a group of this rank ({type(e).__name__})"
 
 
-def body_hier(rk, seed, specs, cases):
-    """For each (L, ranks): make_hierarchy, its attributes, then hierarchical_all_reduce on each case."""
+def body_hier(rk, seed, specs, cases, hierarchies):
+    """For each (L, ranks): make_hierarchy (once per run: ``hierarchies``), its attributes, then
+    hierarchical_all_reduce on each case."""
     out = []
     for L, ranks in specs:
-        h = rk.call(rk.impl.make_hierarchy, L, ranks, forbid_collectives=DATA_COLLECTIVES).out
+        key = (L, None if ranks is None else tuple(ranks))
+        if key not in hierarchies:
+            hierarchies[key] = rk.call(rk.impl.make_hierarchy, L, ranks, forbid_collectives=DATA_COLLECTIVES).out
+        h = hierarchies[key]
         if h is None:
             out.append(None)
             continue
@@ -529,7 +585,6 @@ def body_hier(rk, seed, specs, cases):
             no_collective(c.comm, f"hierarchical_all_reduce, W={rk.world_size}, L={L}, N={n}, rank {rk.rank}")
             got.append({"got": c.args[0], "comm": c.comm, "same": c.same[0]})
         out.append({"attrs": attrs, "got": got})
-    rk.new_groups([list(range(rk.world_size))])  # a barrier: rank 0 serves the store until every rank is done
     return out
 
 
@@ -539,10 +594,9 @@ def divisors(W):
 
 @pytest.mark.part("B")
 @pytest.mark.points(2)
-def test_make_hierarchy_attributes(impl, seed):
-    W = 6
-    specs = [(3, None), (2, [1, 2, 3, 4]), (1, [0, 2, 5])]
-    res = run_ranks(body_hier, W, seed, specs, [], impl=impl, timeout=T)
+def test_make_hierarchy_attributes(runs):
+    W, specs = 6, ATTR_SPECS
+    res = runs("hier", W, "attributes")
     for k, (L, ranks) in enumerate(specs):
         members = list(range(W)) if ranks is None else ranks
         for g in range(W):
@@ -566,7 +620,7 @@ def test_make_hierarchy_attributes(impl, seed):
                                          f" ({case}): got {a[key]}, expected {value} (size, rank in group)")
 
 
-def body_hier_errors(rk, calls):
+def body_hier_errors(rk, seed, calls):
     out = []
     for args in calls:
         try:
@@ -579,10 +633,10 @@ def body_hier_errors(rk, calls):
 
 @pytest.mark.part("B")
 @pytest.mark.points(1)
-def test_make_hierarchy_argument_errors(impl):
-    calls = [(2.0, None), (0, None), (3, None), (2, [2, 1]), (1, [0, 0])]
+def test_make_hierarchy_argument_errors(runs):
+    calls = HIER_ERROR_CALLS
     expected = ["TypeError", "ValueError", "ValueError", "ValueError", "ValueError"]
-    res = run_ranks(body_hier_errors, 4, calls, impl=impl, timeout=T)
+    res = runs("hier", 4, "errors")
     for r in range(4):
         for got, args, name in zip(res[r], calls, expected):
             if got is None or got[0] != name:
@@ -610,44 +664,37 @@ def hier_check(res, seed, W, specs, cases, what_extra=None):
 @pytest.mark.part("B")
 @pytest.mark.points(1)
 @pytest.mark.parametrize("W", [1, 2, 3, 4, 5, 6, 7, 8], ids=lambda w: f"W{w}")
-def test_hierarchical_all_reduce_values_for_every_local_size(W, impl, seed):
-    cases = [(1, "int64", "max", "randn"), (W + 2, "fp32", "sum", "randn"), (29, "fp64", "sum", "randn")]
-    for L in divisors(W):  # one run per L: a run's groups live until it ends (each gloo group holds threads)
-        specs = [(L, None)]
-        res = run_ranks(body_hier, W, seed, specs, cases, impl=impl, timeout=T)
-        hier_check(res, seed, W, specs, cases)
+def test_hierarchical_all_reduce_values_for_every_local_size(W, runs):
+    for L in divisors(W):
+        res = runs("hier", W, f"values_L{L}")
+        hier_check(res, runs.seed, W, [(L, None)], hier_values_cases(W))
 
 
 @pytest.mark.part("B")
 @pytest.mark.points(2)
-def test_hierarchical_all_reduce_on_a_subset_of_ranks(impl, seed):
+def test_hierarchical_all_reduce_on_a_subset_of_ranks(runs):
     W = 7
-    cases = [(n, "fp32", "sum", "randn") for n in (5, 17)]
     for L in (2, 3):
-        specs = [(L, list(range(1, W)))]
-        res = run_ranks(body_hier, W, seed, specs, cases, impl=impl, timeout=T)
-        hier_check(res, seed, W, specs, cases)
+        res = runs("hier", W, f"subset_L{L}")
+        hier_check(res, runs.seed, W, [(L, list(range(1, W)))], SUBSET_CASES)
 
 
 @pytest.mark.part("B")
 @pytest.mark.points(2)
-def test_hierarchical_all_reduce_avg_and_half_precision(impl, seed):
-    W = 6
-    specs = [(3, None)]
-    cases = [(n, dt, op, "exact") for n in (5, 22) for dt in ("fp16", "bf16") for op in ("sum", "avg")]
-    res = run_ranks(body_hier, W, seed, specs, cases, impl=impl, timeout=T)
+def test_hierarchical_all_reduce_avg_and_half_precision(runs):
+    W, cases = 6, HIER_HALF_CASES
+    res = runs("hier", W, "avg_half")
     flat = [[res[r][0]["got"][i] for i in range(len(cases))] for r in range(W)]
-    check_rounded_once(flat, seed, W, [(n, dt, op, kind, {}) for n, dt, op, kind in cases], "hierarchical_all_reduce")
+    check_rounded_once(flat, runs.seed, W, [(n, dt, op, kind, {}) for n, dt, op, kind in cases],
+                       "hierarchical_all_reduce")
 
 
 @pytest.mark.part("B")
 @pytest.mark.points(2)
-def test_hierarchical_all_reduce_identical_bits_and_views(impl, seed):
-    W = 6
-    specs = [(2, None)]
-    cases = [(n, "fp32", "sum", "randn") for n in (7, 41)]
-    res = run_ranks(body_hier, W, seed, specs, cases, impl=impl, timeout=T)
-    hier_check(res, seed, W, specs, cases)
+def test_hierarchical_all_reduce_identical_bits_and_views(runs):
+    W, specs, cases = 6, [(2, None)], HIER_BITS_CASES
+    res = runs("hier", W, "bits")
+    hier_check(res, runs.seed, W, specs, cases)
     for i, (n, *_) in enumerate(cases):
         for r in range(W):
             if not res[r][0]["got"][i]["same"]:
@@ -661,18 +708,27 @@ def test_hierarchical_all_reduce_identical_bits_and_views(impl, seed):
 @pytest.mark.part("B")
 @pytest.mark.points(1)
 @pytest.mark.parametrize("W,L", [(6, 3), (8, 2), (8, 4)], ids=lambda v: str(v))
-def test_hierarchical_all_reduce_elements_per_rank(W, L, impl, seed):
+def test_hierarchical_all_reduce_elements_per_rank(W, L, runs):
     """Per rank: <= 2 (L-1) ceil(N/L) + 2 (n-1) ceil(ceil(N/L)/n) elements, each of at most
     max(itemsize, 4) bytes (a flat ring over W, or leaders that broadcast, send more)."""
-    specs = [(L, None)]
-    cases = [(n, dt, "sum", "exact") for n, dt in ((12 * W + 5, "fp32"), (7 * W + 3, "fp16"))]
-    res = run_ranks(body_hier, W, seed, specs, cases, impl=impl, timeout=T)
+    specs, cases, seed = [(L, None)], hier_cost_cases(W), runs.seed
+    res = runs("hier", W, f"cost_L{L}")
 
-    def bound(item, L, Wh, n, dtype, case, *_):
+    def bound(item, L, Wh, n, dtype, case, res, members, k, i):
         nn = Wh // L
         c = ceil_div(n, L)
         elems = 2 * (L - 1) * c + 2 * (nn - 1) * ceil_div(c, nn)
         comm = item["comm"]
+        pairs = message_pairs([res[g][k]["got"][i]["comm"] if g in members else None for g in range(W)], case)
+        me = next(m for m in members if res[m][k]["got"][i] is item)
+        node = lambda q: members.index(q) // L
+        inter = sum(v for (a, b), v in pairs.items() if a == me and node(b) != node(me))
+        inter_bound = 2 * (nn - 1) * ceil_div(c, nn)
+        if inter > inter_bound:
+            raise AssertionError(f"too many elements sent to other nodes for the hierarchical all-reduce ({case}): "
+                                 f"sent {inter} to ranks on other nodes (node = hierarchy rank // L), the bound is "
+                                 f"2 (n-1) ceil(ceil(N/L)/n) = {inter_bound} (only this rank's chunk of ceil(N/L) "
+                                 f"crosses nodes, all-reduced among the same local rank of every node)")
         if comm["sent_elems"] > elems:
             raise AssertionError(f"too many elements sent for the hierarchical all-reduce ({case}): sent "
                                  f"{comm['sent_elems']}, the bound is 2 (L-1) ceil(N/L) + 2 (n-1) ceil(ceil(N/L)/n) = "
@@ -680,4 +736,207 @@ def test_hierarchical_all_reduce_elements_per_rank(W, L, impl, seed):
                                  f"all-gather in the node)")
         if comm["sent_bytes"] > elems * max(DT[dtype].itemsize, 4):
             raise AssertionError(f"elements sent wider than max(itemsize, 4) bytes ({case}): {comm['sent_bytes']} bytes")
-    hier_check(res, seed, W, specs, [(n, dt, op, k) for n, dt, op, k in cases], bound)
+    hier_check(res, seed, W, specs, cases, bound)
+
+
+# ============================================================================= the runs: one per W and family
+
+def avg_cases(W):
+    return [(n, dt, "avg", "randn", {}) for n in (W + 2, 23) for dt in ("fp32", "fp64")]
+
+
+def half_cases(W):
+    return [(n, dt, op, "exact", {}) for n in (W + 1, 37) for dt in ("fp16", "bf16") for op in ("sum", "avg")]
+
+
+def bits_cases(W):
+    return [(n, "fp32", "sum", "randn", {}) for n in (4 * W + 3, 97)]
+
+
+def cost_cases(W):
+    sizes = [8 * W + 5, 8 * 13 + 5, 0]
+    return [(n, "fp32", "sum", "randn", {}) for n in sizes] + [(8 * W + 5, "fp16", "sum", "exact", {})]
+
+
+def hd_error_calls():
+    return [(torch.zeros(3, dtype=torch.uint8), {}), (torch.zeros(3, dtype=torch.complex64), {}),
+            (torch.zeros(3, dtype=torch.int32), {"op": "avg"}), (torch.zeros(3), {"op": "prod"})]
+
+
+VIEW = (3, 5, 3)   # W, rows, cols
+
+
+def reduce_half_cases():
+    return [(n, dt, 3, op, "exact") for n in (7, 30) for dt in ("fp16", "bf16") for op in ("sum", "avg")]
+
+
+def bcast_tree_cases(seed, W):
+    return [(3 * W + 1, "fp32", root_of(seed, W, 3)), (10, "fp16", root_of(seed, W, 4))]
+
+
+def reduce_tree_cases(seed, W):
+    return [(2 * W + 3, "fp32", root_of(seed, W, 5), "sum", "randn")]
+
+
+def hier_values_cases(W):
+    return [(1, "int64", "max", "randn"), (W + 2, "fp32", "sum", "randn"), (29, "fp64", "sum", "randn")]
+
+
+def hier_cost_cases(W):
+    return [(n, dt, "sum", "exact") for n, dt in ((12 * W + 5, "fp32"), (7 * W + 3, "fp16"))]
+
+
+ATTR_SPECS = [(3, None), (2, [1, 2, 3, 4]), (1, [0, 2, 5])]
+HIER_ERROR_CALLS = [(2.0, None), (0, None), (3, None), (2, [2, 1]), (1, [0, 0])]
+SUBSET_CASES = [(n, "fp32", "sum", "randn") for n in (5, 17)]
+HIER_HALF_CASES = [(n, dt, op, "exact") for n in (5, 22) for dt in ("fp16", "bf16") for op in ("sum", "avg")]
+HIER_BITS_CASES = [(n, "fp32", "sum", "randn") for n in (7, 41)]
+
+
+def jobs_of(family, W, seed):
+    """The jobs ``(name, body, arguments)`` of one run: every test's cases of this W and family."""
+    hd = "hd_all_reduce"
+    if family == "hd":
+        jobs = [("values", "calls", (hd, hd_cases(W)))]
+        jobs += [("avg", "calls", (hd, avg_cases(W))), ("half", "calls", (hd, half_cases(W)))] if W in (3, 4) else []
+        jobs += [("views", "view", (hd, *VIEW[1:], {}))] if W == VIEW[0] else []
+        jobs += [("bits", "calls", (hd, bits_cases(W)))] if W in (5, 8) else []
+        jobs += [("errors", "errors", (hd, hd_error_calls()))] if W == 2 else []
+        jobs += [("cost", "calls", (hd, cost_cases(W)))] if W in (3, 4, 6, 8) else []
+        return jobs
+    if family == "tree":
+        jobs = [("bcast_values", "bcast", (bcast_cases(seed, W),))] if W in (3, 6) else []
+        jobs += [("reduce_values", "reduce", (reduce_cases(seed, W),))] if W in (3, 5) else []
+        jobs += [("reduce_unchanged", "reduce", (reduce_cases(seed, W)[:2],))] if W == 4 else []
+        jobs += [("reduce_half", "reduce", (reduce_half_cases(),))] if W == 5 else []
+        jobs += [("root_errors", "root_errors", ())] if W == 3 else []
+        jobs += [("bcast_tree", "bcast", (bcast_tree_cases(seed, W),))] if W in (5, 8) else []
+        jobs += [("reduce_tree", "reduce", (reduce_tree_cases(seed, W),))] if W in (6, 8) else []
+        return jobs
+    jobs = [(f"values_L{L}", "hier", ([(L, None)], hier_values_cases(W))) for L in divisors(W)]
+    jobs += [(f"subset_L{L}", "hier", ([(L, list(range(1, W)))], SUBSET_CASES)) for L in (2, 3)] if W == 7 else []
+    jobs += [("attributes", "hier", (ATTR_SPECS, [])), ("avg_half", "hier", ([(3, None)], HIER_HALF_CASES)),
+             ("bits", "hier", ([(2, None)], HIER_BITS_CASES))] if W == 6 else []
+    jobs += [(f"cost_L{L}", "hier", ([(L, None)], hier_cost_cases(W))) for L in {6: (3,), 8: (2, 4)}.get(W, ())]
+    jobs += [("errors", "hier_errors", (HIER_ERROR_CALLS,))] if W == 4 else []
+    return jobs
+
+
+GROUPS_PER_RUN = 13  # gloo groups one run of Part B may create (each holds threads in every rank until the run ends)
+
+
+def runs_of(W, seed):
+    """Every job of world size W (``jobs_of`` of each family, named ``family:name``) split into runs:
+    each job goes into the first run where the hierarchies (the jobs on the same (L, ranks) share one)
+    make at most ``GROUPS_PER_RUN`` groups (a run holding every L of W=8 runs out of threads); the
+    jobs that make no group (hd_all_reduce, the trees) all go into the first."""
+    runs = []   # [jobs, the (L, ranks) of their hierarchies]
+    for family in ("hd", "tree", "hier"):
+        for name, kind, args in jobs_of(family, W, seed):
+            mine = {(L, None if r is None else tuple(r)) for L, r in args[0]} if kind == "hier" else set()
+            fits = [run for run in runs if sum(len(r or range(W)) // L + L for L, r in run[1] | mine) <= GROUPS_PER_RUN]
+            if not fits:
+                runs.append([[], set()])
+                fits = [runs[-1]]
+            fits[0][0].append((f"{family}:{name}", kind, args))
+            fits[0][1].update(mine)
+    return [run[0] for run in runs]
+
+
+BODIES = {"calls": body_calls, "view": body_view, "errors": body_errors, "bcast": body_bcast, "reduce": body_reduce,
+          "root_errors": body_root_errors, "hier": body_hier, "hier_errors": body_hier_errors}
+
+
+class Agree:
+    """The ranks' threads (in this trusted process) agreeing after each job: when it raised on some
+    rank, every rank stops the run there (the next job's messages would not match)."""
+
+    def __init__(self, parties):
+        self.parties, self.cond, self.votes = parties, threading.Condition(), {}
+
+    def __call__(self, name, ok):
+        with self.cond:
+            votes = self.votes.setdefault(name, [])
+            votes.append(ok)
+            self.cond.notify_all()
+            self.cond.wait_for(lambda: len(votes) >= self.parties or not all(votes), timeout=T)
+            return len(votes) >= self.parties and all(votes)
+
+
+def body_run(rk, seed, jobs, agree, log):
+    """The jobs in order, one process group; each job's result goes into ``log[rank][name]`` as it
+    ends. A job that raises on this rank is recorded (``{"error": ...}``) and, like a job that
+    raised on another rank, ends the run."""
+    hierarchies = {}
+    for name, kind, args in jobs:
+        rk.note(f"job {name}")
+        ok = True
+        try:
+            extra = (hierarchies,) if kind == "hier" else ()
+            log[rk.rank][name] = BODIES[kind](rk, seed, *args, *extra)
+        except SandboxError:
+            raise
+        except Exception as e:  # noqa: BLE001 - graded by the test of that job
+            log[rk.rank][name], ok = {"error": f"rank {rk.rank} of {rk.world_size} raised {type(e).__name__}: {e}"
+                                      [-3000:]}, False
+        if not agree(name, ok):
+            break
+
+
+def run_jobs(impl, seed, W, jobs):
+    """Per rank, job name -> result. The jobs after one that raised run again in a fresh run; a
+    run that fails as a whole (a deadlock, a rank that died) is the result of the job it was in
+    (the jobs every rank had ended keep their results, the ones after it run again), so a hang
+    costs its own job only."""
+    out = [{} for _ in range(W)]
+    while jobs:
+        log = {r: {} for r in range(W)}
+        failure = None
+        try:
+            run_ranks(body_run, W, seed, jobs, Agree(W), log, impl=impl, timeout=T)
+        except (RankError, RankTimeout) as e:
+            failure = str(e)
+        ran = 0
+        while ran < len(jobs) and all(jobs[ran][0] in log[r] for r in range(W)):
+            ran += 1
+        for r in range(W):
+            out[r].update({name: log[r][name] for name, _, _ in jobs[:ran]})
+        if failure is not None and ran < len(jobs):
+            name = jobs[ran][0]
+            raised = [log[r][name] for r in range(W) if isinstance(log[r].get(name), dict) and "error" in log[r][name]]
+            for r in range(W):
+                out[r][name] = raised[0] if raised else {"error": failure}
+            ran += 1
+        jobs = jobs[max(1, ran):]
+    return out
+
+
+@pytest.fixture(scope="module")
+def run_store():
+    return {}
+
+
+class Runs:
+    """``runs(family, W, name)``: the W results (rank order) of job ``name``, its run made at the
+    first test that needs it (``runs.seed``: the seed of every run of this module)."""
+
+    def __init__(self, store, impl, seed):
+        self.store, self.impl = store, impl
+        self.seed = store.setdefault("seed", seed)
+
+    def __call__(self, family, W, name):
+        name = f"{family}:{name}"
+        jobs = next(run for run in runs_of(W, self.seed) if name in [job[0] for job in run])
+        key = (W, jobs[0][0])
+        if key not in self.store:
+            self.store[key] = run_jobs(self.impl, self.seed, W, jobs)
+        outs = [rank[name] for rank in self.store[key]]
+        for o in outs:
+            if isinstance(o, dict) and "error" in o:
+                raise AssertionError(o["error"])
+        return outs
+
+
+@pytest.fixture
+def runs(run_store, impl, seed):
+    return Runs(run_store, impl, seed)

@@ -121,7 +121,7 @@ def _events(raw) -> list[dict]:
         for key in ("op", "dtype", "p"):
             if isinstance(e.get(key), str):
                 ev[key] = e[key][:200]
-        for key in ("numel", "sent"):
+        for key in ("numel", "sent", "peer"):  # peer: a send's / receive's global rank (None: unknown)
             if isinstance(e.get(key), int) and not isinstance(e.get(key), bool):
                 ev[key] = e[key]
         if isinstance(e.get("async_op"), bool):

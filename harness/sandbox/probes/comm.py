@@ -53,7 +53,23 @@ C10D_OPS = {"allreduce_": "all_reduce", "allreduce_coalesced_": "all_reduce_coal
             "_reduce_scatter_base_": "_reduce_scatter_base", "reduce_scatter_tensor_coalesced_": "reduce_scatter",
             "broadcast_": "broadcast", "reduce_": "reduce", "gather_": "gather", "scatter_": "scatter",
             "alltoall_": "all_to_all", "alltoall_base_": "all_to_all_single", "barrier": "barrier",
-            "monitored_barrier_": "monitored_barrier"}
+            "monitored_barrier_": "monitored_barrier",
+            # the functional collectives' ops (``torch.ops._c10d_functional.*`` and ``_c10d_functional_autograd``)
+            "all_reduce": "all_reduce", "all_reduce_": "all_reduce", "all_reduce_coalesced": "all_reduce_coalesced",
+            "all_reduce_coalesced_": "all_reduce_coalesced", "all_gather_into_tensor": "all_gather_into_tensor",
+            "all_gather_into_tensor_out": "all_gather_into_tensor", "all_gather_into_tensor_coalesced": "all_gather",
+            "reduce_scatter_tensor": "reduce_scatter_tensor", "reduce_scatter_tensor_coalesced": "reduce_scatter",
+            "all_to_all_single": "all_to_all_single", "broadcast": "broadcast"}
+# ``torch.distributed._functional_collectives`` functions and the collective each one counts as: counted
+# and forbidden like the functions above, without a ``launch`` event (their dispatcher op logs them)
+FUNCTIONAL = {"all_reduce": "all_reduce", "all_reduce_inplace": "all_reduce",
+              "all_reduce_coalesced": "all_reduce_coalesced", "all_gather_tensor": "all_gather_into_tensor",
+              "all_gather_tensor_autograd": "all_gather_into_tensor", "all_gather_tensor_inplace": "all_gather_into_tensor",
+              "all_gather_into_tensor_coalesced": "all_gather", "all_gather_inplace": "all_gather",
+              "reduce_scatter_tensor": "reduce_scatter_tensor", "reduce_scatter_tensor_autograd": "reduce_scatter_tensor",
+              "reduce_scatter_tensor_inplace": "reduce_scatter_tensor", "reduce_scatter_tensor_coalesced": "reduce_scatter",
+              "all_to_all_single": "all_to_all_single", "all_to_all_single_autograd": "all_to_all_single",
+              "all_to_all_inplace": "all_to_all", "permute_tensor": "all_to_all_single", "broadcast": "broadcast"}
 _ACTIVE: list = []        # the CommCounter in force (at most one)
 _INSTALLED: list = []     # (owner, attribute, original, stand-in) replaced by install_comm_hooks
 
@@ -66,10 +82,34 @@ def _first_tensor_bytes(x) -> tuple[int, int]:
     return 0, 0
 
 
-def _hook(name: str, original, method: bool):
+def _peer(name: str, a: tuple, args: tuple, k: dict, method: bool):
+    """The global rank a send goes to / a receive comes from; None where unknown (any source, a
+    backend object torch does not map). Functions: ``dst``/``src`` (global), or ``group_dst``/
+    ``group_src`` of ``group``; methods: the group's own rank (``pg.send(tensors, dstRank, tag)``)."""
+    sending = name in ("send", "isend")
+    side = "dst" if sending else "src"
+    try:
+        dist = torch.distributed  # imported by install_comm_hooks (no import inside a watched call)
+        if name == "recv_anysource":
+            return None
+        if method:
+            local = args[1] if len(args) > 1 else k.get(side + "Rank")
+            return None if local is None else int(dist.get_global_rank(a[0], int(local)))
+        peer = k.get(side, args[1] if len(args) > 1 else None)
+        group = k.get("group", args[2] if len(args) > 2 else None)
+        local = k.get("group_" + side, args[4] if len(args) > 4 else None)
+        if peer is None and local is not None:
+            peer = local if group is None else dist.get_global_rank(group, int(local))
+        return None if peer is None else int(peer)
+    except Exception:  # noqa: BLE001 - a peer we cannot read is None, never a failed call
+        return None
+
+
+def _hook(name: str, original, method: bool, as_collective: str | None = None):
     """A permanent stand-in for a torch.distributed function or ProcessGroup method: it
-    reports to the active CommCounter (if any), forbids what it forbids, and calls through."""
-    kind = name if name in P2P or name == "recv_anysource" else "collective"
+    reports to the active CommCounter (if any), forbids what it forbids, and calls through.
+    ``as_collective``: a functional collective counted as this collective (no ``launch`` event)."""
+    kind = name if as_collective is None and (name in P2P or name == "recv_anysource") else "collective"
 
     def hooked(*a, **k):
         c = _ACTIVE[-1] if _ACTIVE else None
@@ -86,23 +126,26 @@ def _hook(name: str, original, method: bool):
             else:
                 c.recv_msgs += 1
                 c.recv_bytes += nbytes
-            c.event("send" if sending else "recv", numel=numel)
+            peer = _peer(name, a, args, k, method)
+            c.event("send" if sending else "recv", numel=numel, peer=peer)  # peer: a global rank, or None
             side = "dst" if sending else "src"
-            peer = k.get(side, k.get("group_" + side, args[1] if len(args) > 1 else "?"))
             common.note(f"in {name}({side}={peer}, {nbytes} bytes) since t={time.time():.1f}")
         elif kind == "collective" and name != "batch_isend_irecv":
-            label = _PG_METHODS.get(name, name) if method else name
+            functional = as_collective is not None
+            label = as_collective or (_PG_METHODS.get(name, name) if method else name)
             c.collectives[label] = c.collectives.get(label, 0) + 1
             tensor = next((y for y in flat(list(args) + list(k.values())) if isinstance(y, torch.Tensor)), None)
             extra = {"sum": float(tensor.detach().double().sum())} if tensor is not None and \
                 tensor.is_floating_point() and tensor.device.type == "cpu" else {}  # no GPU sync
-            c.event("launch", op=label, numel=max([_numel_list(x) for x in list(args) + list(k.values())] or [0]),
-                    dtype=str(tensor.dtype).removeprefix("torch.") if tensor is not None else None,
-                    async_op=bool(k.get("async_op", False)) or method, **extra)
+            if not functional:
+                c.event("launch", op=label, numel=max([_numel_list(x) for x in list(args) + list(k.values())] or [0]),
+                        dtype=str(tensor.dtype).removeprefix("torch.") if tensor is not None else None,
+                        async_op=bool(k.get("async_op", False)) or method, **extra)
             c.collective_elems += max([_numel_list(x) for x in list(args) + list(k.values())] or [0])
             if label in c.forbid:
                 c.forbidden.append(label)
-                raise AssertionError(f"called torch.distributed.{label}: the contract forbids collectives "
+                where = f"_functional_collectives.{name} ({label})" if functional else label
+                raise AssertionError(f"called torch.distributed.{where}: the contract forbids collectives "
                                      f"here (point-to-point send/recv only)")
             common.note(f"in {label} since t={time.time():.1f}")
         else:  # batch_isend_irecv: its isend/irecv calls are the ones counted
@@ -150,6 +193,16 @@ def install_comm_hooks() -> None:
                 if value is original:
                     _INSTALLED.append((m, attr, original, new))
                     setattr(m, attr, new)
+    try:
+        import torch.distributed._functional_collectives as funcol
+    except ImportError:  # pragma: no cover - a torch without them
+        funcol = None
+    for name, label in FUNCTIONAL.items() if funcol is not None else ():
+        original = vars(funcol).get(name)
+        if callable(original):
+            new = _hook(name, original, method=False, as_collective=label)
+            _INSTALLED.append((funcol, name, original, new))
+            setattr(funcol, name, new)
     for cls in {C.Work, getattr(c10d, "Work", C.Work), torch.futures.Future}:
         original = vars(cls).get("wait")
         if original is not None:
@@ -192,7 +245,10 @@ class CommCounter:
         self._depth = 0  # > 0 inside a counted call: its internal calls are not counted again
 
     def event(self, kind: str, **fields) -> None:
-        """Append ``{"k": kind, **fields}`` to the ordered event log (at most 10,000 kept)."""
+        """Append ``{"k": kind, **fields}`` to the ordered event log (at most 10,000 kept). A
+        ``send``/``recv`` event has ``numel`` and ``peer``: the global rank it goes to / comes from
+        (``dst``/``src``, ``group_dst``/``group_src`` translated, a group method's rank translated;
+        None where unknown: a receive from any source)."""
         if len(self.events) < 10_000:
             self.events.append({"k": kind, **fields})
 
