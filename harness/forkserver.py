@@ -246,6 +246,28 @@ _SERVER: list = []
 _START = threading.Lock()
 
 
+def _start() -> ForkServer:
+    """A server started from a thread that lives as long as this process: the server dies with
+    the thread that forked it (``PR_SET_PDEATHSIG`` follows the thread, not the process), and a
+    grading pool's thread ends before the process does. Raises OSError when it cannot start."""
+    got: list = []
+    ready = threading.Event()
+
+    def parent():
+        try:
+            got.append(ForkServer())
+        except OSError as e:
+            got.append(e)
+        ready.set()
+        threading.Event().wait()  # until the process exits
+
+    threading.Thread(target=parent, daemon=True, name="labs-forkserver-parent").start()
+    ready.wait()
+    if isinstance(got[0], OSError):
+        raise got[0]
+    return got[0]
+
+
 def run(argv: list, *, cwd, env: dict, timeout: float | None) -> tuple[int, str, bool]:
     """``python -m pytest argv`` in ``cwd`` with exactly ``env``, at most ``timeout`` seconds
     (then its whole session is killed): ``(exit code, output, timed out)``. Forked from this
@@ -255,7 +277,7 @@ def run(argv: list, *, cwd, env: dict, timeout: float | None) -> tuple[int, str,
         with _START:
             if not _SERVER or not _SERVER[0].alive:
                 with contextlib.suppress(OSError):
-                    _SERVER[:] = [ForkServer()]
+                    _SERVER[:] = [_start()]
                     atexit.register(_SERVER[0].close)  # waited for: its runs' CPU time counts in ours
         if _SERVER and _SERVER[0].alive:
             with contextlib.suppress(OSError):

@@ -64,3 +64,21 @@ def test_a_closed_server_is_waited_for_so_its_runs_cpu_counts_in_ours(tmp_path):
     assert server.proc.returncode == 0 and time.monotonic() - t0 < 5, "the server did not end when closed"
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
     assert after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime >= 0.9
+
+
+def test_the_server_outlives_the_thread_that_started_it(tmp_path):
+    """A grading pool's thread starts the process's server and ends (grade-all's last job): the
+    server must not die with it (PR_SET_PDEATHSIG follows the thread that forked it)."""
+    import threading
+    (tmp_path / "test_probe.py").write_text("def test_ok():\n    pass\n")
+    argv = [str(tmp_path), "-q", "-p", "no:cacheprovider", "-p", "no:randomly"]
+    forkserver._SERVER.clear()  # a server of this thread's own, as a fresh grading process has none
+    t = threading.Thread(target=forkserver.run, args=(argv,), kwargs=dict(cwd=tmp_path, env=dict(os.environ),
+                                                                          timeout=120))
+    t.start()
+    t.join()
+    server = forkserver._SERVER[0]
+    time.sleep(1.0)
+    assert server.proc.poll() is None, "the server died with the thread that started it"
+    code, text, _ = forkserver.run(argv, cwd=tmp_path, env=dict(os.environ), timeout=120)
+    assert code == 0 and forkserver._SERVER[0] is server, text
