@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from harness import classroom, grading
+from harness import classroom, forkserver, grading
 from harness.sandbox import worker as sandbox
 
 from .conftest import ROOT, course, materialize_mutant
@@ -52,6 +52,29 @@ def test_hanging_submissions_time_out_fast_and_the_next_is_graded_fully(tmp_path
     assert not_run and all(t["score"] == 0 for t in not_run), "the tests after two timeouts are not run"
     assert ref.kind is classroom.Status.OK, ref.status
     assert ref.results["score"] == pytest.approx(ref.results["extra_data"]["max_score_runnable"])
+    assert not _live_workers(), "a worker or a rank of the class is still running after its row"
+
+
+def _live_workers() -> list[str]:
+    """The processes still alive below this process's zygote (every sandbox worker and its ranks
+    are forked from it, harness.sandbox.zygote), as 'pid cmdline'; zombies hold nothing."""
+    procs = {}
+    for p in Path("/proc").glob("[0-9]*"):
+        try:
+            status = dict(line.split(":\t", 1) for line in (p / "status").read_text().splitlines() if ":\t" in line)
+            cmd = (p / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+        procs[int(p.name)] = (int(status["PPid"]), status["State"], cmd)
+    server = forkserver._SERVER[0].proc.pid
+    zygotes = [pid for pid, (ppid, _, cmd) in procs.items() if ppid == server and "sandbox.zygote" in cmd]
+    assert zygotes, "no zygote under this process's warm grader"
+    below, frontier = [], list(zygotes)
+    while frontier:
+        kids = [pid for pid, (ppid, _, _) in procs.items() if ppid in frontier]
+        below += kids
+        frontier = kids
+    return [f"{pid} {procs[pid][2][:80]}" for pid in below if not procs[pid][1].startswith("Z")]
 
 
 BUSY_THEN_ANSWER = '''

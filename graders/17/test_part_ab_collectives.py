@@ -887,7 +887,8 @@ def run_jobs(impl, seed, W, jobs):
     """Per rank, job name -> result. The jobs after one that raised run again in a fresh run; a
     run that fails as a whole (a deadlock, a rank that died) is the result of the job it was in
     (the jobs every rank had ended keep their results, the ones after it run again), so a hang
-    costs its own job only."""
+    costs its own job only; once the grading's budget of hangs is spent (``SandboxError``: not
+    run), the jobs left carry that error, which their tests raise."""
     out = [{} for _ in range(W)]
     while jobs:
         log = {r: {} for r in range(W)}
@@ -896,6 +897,10 @@ def run_jobs(impl, seed, W, jobs):
             run_ranks(body_run, W, seed, jobs, Agree(W), log, impl=impl, timeout=T)
         except (RankError, RankTimeout) as e:
             failure = str(e)
+        except SandboxError as e:  # the grading's budget of hangs is spent: each test left says so itself
+            for r in range(W):
+                out[r].update({name: {"raise": e} for name, _, _ in jobs})
+            return out
         ran = 0
         while ran < len(jobs) and all(jobs[ran][0] in log[r] for r in range(W)):
             ran += 1
@@ -932,6 +937,8 @@ class Runs:
             self.store[key] = run_jobs(self.impl, self.seed, W, jobs)
         outs = [rank[name] for rank in self.store[key]]
         for o in outs:
+            if isinstance(o, dict) and "raise" in o:
+                raise o["raise"]
             if isinstance(o, dict) and "error" in o:
                 raise AssertionError(o["error"])
         return outs
