@@ -234,7 +234,7 @@ def seed_history(db, checkout: Path):
 
 def labs_cli(toy_course, db, *args, input=None):
     return CliRunner().invoke(main, ["--course", str(toy_course), *args], input=input,
-                              env={"LABS_PROGRESS_DB": str(db)}, catch_exceptions=False)
+                              env={"LABS_PROGRESS_DB": str(db), "COLUMNS": "200"}, catch_exceptions=False)
 
 
 def test_progress_json_reports_last_and_best_per_lab_and_part(toy_course, tmp_path):
