@@ -34,7 +34,8 @@ endif
 test: setup
 ifneq ($(wildcard tests),)
 	$(VENV)/bin/lint-imports   # the harness's layers (pyproject.toml [tool.importlinter])
-	$(PY) -m pytest tests -n $(JOBS) --durations=15
+	$(PY) -m pytest tests -n $(JOBS) -m "not alone" --durations=15
+	$(PY) -m pytest tests -n 0 -m alone -p no:randomly   # timing-stability proofs, with nothing beside them
 else
 	$(PY) -m pytest labs
 endif
