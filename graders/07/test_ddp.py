@@ -31,6 +31,7 @@ from harness.toolkit import (RankError, RankTimeout, assert_close, imported_name
 T = 60.0
 T_HANG = 25.0  # the unused-parameter cases: an honest run takes ~1 s; a DDP that never launches a bucket hangs
 ATOL = 1e-6
+RTOL = 1e-5  # float32 gradients ~1: another (correct) summation order moved one element by 1.8e-6 relative
 LR = 0.25
 FORBID = ["torch.nn.parallel.DistributedDataParallel", "torch.distributed.Reducer"]
 FORBIDDEN_MODULES = ("torch.distributed.algorithms", "torch.distributed._composable", "torch.distributed.fsdp",
@@ -198,12 +199,12 @@ def check_grads(res, want, W, step, rank, what="gradient", own=None, world=None)
                                  f"after backward ({case}). All-reduce the gradients and write the average back "
                                  "into p.grad (a post-accumulate-grad hook is called with the parameter, not its "
                                  "gradient: read p.grad)")
-        assert_close(g, w, atol=ATOL, rtol=0, what=f"{what} of {n}", case=case)
+        assert_close(g, w, atol=ATOL, rtol=RTOL, what=f"{what} of {n}", case=case)
 
 
 def check_params(res, want, W, step, rank):
     for n, w in want.items():
-        assert_close(res["params"][n], w, atol=ATOL, rtol=0, what=f"parameter {n} after SGD", case=
+        assert_close(res["params"][n], w, atol=ATOL, rtol=RTOL, what=f"parameter {n} after SGD", case=
                      f"W={W}, step {step}, rank {rank}")
 
 
