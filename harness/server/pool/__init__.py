@@ -247,6 +247,14 @@ def _pool_child_init(**_kw):
     forkserver.die_with_parent()
 
 
+def _unreachable(task, retries: int, what: str, max_retries: int | None) -> str:
+    """The server did not answer a claim: retry with backoff (2, 4, 8 ... up to 30 s) for
+    ``UNREACHABLE_RETRIES`` tries, then give it up to the server's republish at its start."""
+    if retries < UNREACHABLE_RETRIES:
+        raise task.retry(countdown=min(30.0, 2.0 * 2 ** retries), max_retries=max_retries)
+    return f"{what}: server unreachable; left to the server's republish at its start"
+
+
 @app.task(name=TASK, bind=True, shared=False, acks_late=True, reject_on_worker_lost=True, ignore_result=True,
           max_retries=INFRA_RETRIES)
 def grade(self, job_id: int) -> str:
@@ -258,9 +266,7 @@ def grade(self, job_id: int) -> str:
     retries = self.request.retries or 0
     r = _call("POST", f"/api/runner/jobs/{job_id}/claim", params={"lease_s": lease_s})
     if r is None:
-        if retries < UNREACHABLE_RETRIES:
-            raise self.retry(countdown=min(30.0, 2.0 * 2 ** retries), max_retries=UNREACHABLE_RETRIES)
-        return f"job {job_id}: server unreachable; left to the server's republish at its start"
+        return _unreachable(self, retries, f"job {job_id}", max_retries=UNREACHABLE_RETRIES)
     if r.status_code == 409:
         wait = r.headers.get("retry-after")
         if wait is None:
@@ -301,9 +307,7 @@ def trial(self, trial_id: str) -> str:
     host, retries = _Host.get(), self.request.retries or 0
     r = _call("POST", f"/api/runner/trials/{trial_id}/claim")
     if r is None:
-        if retries < UNREACHABLE_RETRIES:
-            raise self.retry(countdown=min(30.0, 2.0 * 2 ** retries), max_retries=None)
-        return f"trial {trial_id}: server unreachable; left to the server's republish at its start"
+        return _unreachable(self, retries, f"trial {trial_id}", max_retries=None)  # its 409 waits are unbounded
     if r.status_code == 409:
         wait = r.headers.get("retry-after")
         if wait is None:
