@@ -42,7 +42,9 @@ Ranks of the multi-rank labs (``harness.sandbox.ranks``)
   ranks), ``View`` (a view sent with its base), ``DATA_COLLECTIVES`` (the
   collectives a ring implementation may not call), ``C10D_OPS`` (dispatcher op to
   collective name), ``RankError``, ``RankTimeout``, ``Step`` (what ``rk.backward``
-  saw), ``TrainNet`` (the trusted model a data-parallel grader trains)
+  saw), ``TrainNet`` (the trusted model a data-parallel grader trains), ``seeded_state`` (its
+  weights drawn from a seed: a large model built on the rank, the same numbers for the oracle),
+  ``digest`` (three numbers standing for a tensor a timed step returns)
 
 Bench and allocations (``harness.bench``, ``harness.alloc``)
   ``geomean``, ``attention_flops``, ``AllocationTracker``
@@ -58,7 +60,7 @@ from .sandbox.calls import (build_recompute, build_spec_decoders, build_spec_mod
                             sharded_run, source, spec_runs, train_steps, vjp, watch_storages)
 from .sandbox.probes.comm import C10D_OPS
 from .sandbox.probes.recompute import GradScalerAdapter, RecomputeNet
-from .sandbox.probes.training import TrainNet
+from .sandbox.probes.training import TrainNet, digest, seeded_state
 from .sandbox.ranks import DATA_COLLECTIVES, RankError, RankTimeout, Step, View
 from .sandbox.ranks import run as run_ranks
 from .sandbox.timing import timed
@@ -84,6 +86,7 @@ __all__ = [
     "attention", "causal_mask", "train_net",
     # ranks
     "run_ranks", "View", "DATA_COLLECTIVES", "C10D_OPS", "RankError", "RankTimeout", "Step", "TrainNet",
+    "seeded_state", "digest",
     # bench and allocations
     "geomean", "attention_flops", "AllocationTracker",
 ]

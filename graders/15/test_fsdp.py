@@ -31,8 +31,8 @@ import threading
 import pytest
 import torch
 
-from harness.toolkit import (RankError, RankTimeout, SandboxError, assert_close, imported_names, run_ranks,
-                             sharded_run, source)
+from harness.toolkit import (RankError, RankTimeout, SandboxError, assert_close, digest, imported_names, run_ranks,
+                             seeded_state, sharded_run, source, timed, train_net)
 
 T = 60.0  # one run of the ranks per world size (every case of that W); a deadlock waits this long
 LR = 0.25
@@ -981,3 +981,140 @@ def test_prefetch_launches_the_next_gather_asynchronously(cases):
             assert ag is not None and rs is not None and ag < rs, (
                 f"no prefetch in backward: unit {i - 1}'s all-gather comes after unit {i}'s reduce-scatter ({where}; "
                 f"backward ops {bk[:10]}): launch it before unit {i}'s backward computes (BACKWARD_PRE)")
+
+
+# ----------------------------------------------------------------------------- Part D
+
+def mlp_blocks(d, h, blocks):
+    """``blocks`` MLP blocks (d -> h, tanh, h -> d) as TrainNet layers, float32, every layer a unit."""
+    layers = [layer(f"{k}{i}", *dims) for i in range(blocks) for k, dims in (("up", (d, h)), ("down", (h, d)))]
+    for L in layers:
+        L["dtype"] = "float32"
+    return spec_of(layers, [L["name"] for L in layers])
+
+
+PERF_GPU = mlp_blocks(2048, 8192, 12)   # the contract's model: 403M parameters, 1.6 GB in float32
+PERF_CPU = mlp_blocks(64, 256, 4)
+PERF_ADAMW = {"lr": 0.0}   # AdamW's whole update is computed; the weights stay put, so every timed step is checkable
+DIGEST_RTOL = 1e-3
+
+
+def perf_batch(seed, rank, i, spec, B):
+    g = torch.Generator().manual_seed((seed * 7919 + rank * 104729 + i * 13 + 5) % 2**63)
+    return torch.randn(B, spec["layers"][0]["in"], generator=g), torch.randn(B, spec["layers"][-1]["out"], generator=g) / B
+
+
+_ORACLE: dict = {}
+_ORACLE_LOCK = threading.Lock()
+
+
+def perf_oracle(seed, spec, W, i, B, device):
+    """Timed step ``i``'s float64 outputs and the digests of every trainable shard's gradient (the
+    contract's slice of the averaged gradient), per rank, computed once for all ranks on ``device``
+    (the grader's own GPU where the step ran on one; only the digests are kept)."""
+    key = (seed, id(spec), W, i, B, device)
+    with _ORACLE_LOCK:
+        if key not in _ORACLE:
+            params = _ORACLE.get(("params", seed, id(spec), device))
+            if params is None:
+                _ORACLE.clear()  # one model's float64 weights at a time (3.2 GB for the GPU model)
+                params = {n: t.to(device, torch.float64).requires_grad_(n != "scale")
+                          for n, t in seeded_state(spec, seed).items()}
+                _ORACLE[("params", seed, id(spec), device)] = params
+            names = [n for n, _, _ in params_of(spec)]
+            outs, total = [], {n: 0.0 for n in names}
+            for r in range(W):
+                x, go = (t.to(device, torch.float64) for t in perf_batch(seed, r, i, spec, B))
+                y = train_net(params, spec, x)
+                outs.append(y.detach().cpu())
+                grads = torch.autograd.grad((y * go).sum(), [params[n] for n in names])
+                total = {n: total[n] + g / W for n, g in zip(names, grads)}
+            digests = []
+            for r in range(W):
+                shards = []
+                for _, kind, unit in shard_names(spec):
+                    if kind == 0:
+                        flat = torch.cat([total[n].reshape(-1) for n in unit])
+                        c = math.ceil(flat.numel() / W)
+                        shards.append(digest(torch.nn.functional.pad(flat, (0, W * c - flat.numel()))[r * c:(r + 1) * c]))
+                digests.append(shards)
+            _ORACLE[key] = outs, digests
+        return _ORACLE[key]
+
+
+def body_step_time(rk, seed, spec, B, device):
+    """Rank ``rk``: the submission's ``FSDP(model, units, prefetch=True)`` and torch's
+    ``fully_shard`` (every unit, then the root) around two copies of the same seeded model; one
+    training step each (forward, backward, ``AdamW.step``, ``zero_grad``) timed interleaved by the
+    timed probe; every timed step's output and shard gradients (digests) are checked here against
+    the float64 model on the ranks' batches."""
+    built = {"layers": spec["layers"], "seed": seed}
+    model = rk.build_model(built, None, device=device)
+    fsdp = rk.call(rk.impl.FSDP, model, [model.layers[n] for n in spec["units"]], prefetch=True, forbid=FORBID).out
+    plain = rk.build_model(built, None, device=device)
+    base = rk.fully_shard(plain, [plain.layers[n] for n in spec["units"]])
+    W, r = rk.world_size, rk.rank
+    pool = [tuple(t.to(device) for t in perf_batch(seed, r, i, spec, B)) for i in range(10)]
+    warm = [tuple(t.to(device) for t in perf_batch(seed, r, 1000 + i, spec, B)) for i in range(3)]
+
+    def check(i, got):
+        out, digests = got
+        case = f"W={W}, rank {r}, timed step {i}"
+        want_out, want_digests = perf_oracle(seed, spec, W, i, B, device)
+        assert_close(out.cpu(), want_out[r], atol=1e-4, rtol=1e-3,
+                     what="a timed step's output is wrong: no performance credit", case=case)
+        shards = want_digests[r]
+        assert len(digests) == len(shards), (
+            f"{case}: fsdp.parameters() yields {len(digests)} tensors, the contract {len(shards)} shards: "
+            "no performance credit")
+        for k, (d, w) in enumerate(zip(digests, shards)):
+            assert d is not None, f"{case}: shard {k} has no gradient after a timed step: no performance credit"
+            ok = (abs(d[:2] - w[:2]) <= DIGEST_RTOL * w[2] + 1e-9).all() and (
+                abs(d[2:] - w[2:]) <= DIGEST_RTOL * w[2:] + 1e-12).all()
+            assert ok, (f"{case}: shard {k}'s gradient after a timed step is not the contract's slice of the "
+                        f"averaged gradient (digest [sum, cos-weighted sum, sum |g|, sum g^2] {d.tolist()}, "
+                        f"expected {w.tolist()}): no performance credit")
+
+    t = timed(rk.step_fn(fsdp, adamw=PERF_ADAMW, digests=True), rk.step_fn(base, adamw=PERF_ADAMW, digests=True),
+              pool, warmup_inputs=warm, check=check, no_grad=False, verify_baseline=False, forbid=FORBID,
+              device=device, reason="the contract forbids FSDP, fully_shard and DistributedDataParallel")
+    return {"student_s": t.candidate_s, "torch_s": t.baseline_s, "outside": t.outside,
+            "claimed_student_s": t.figures["claimed_candidate_s"], "claimed_torch_s": t.figures["claimed_baseline_s"]}
+
+
+def step_time(impl, seed, W, spec, B, device, timeout):
+    res = run_ranks(body_step_time, W, seed, spec, B, device, impl=impl, timeout=timeout, device=device)
+    student, torch_fs = max(r["student_s"] for r in res), max(r["torch_s"] for r in res)
+    return student / torch_fs, {"student_ms": student * 1e3, "fully_shard_ms": torch_fs * 1e3, "W": W,
+                                "params": sum(n for _, n, _ in params_of(spec)), "batch_per_rank": B,
+                                "outside": any(r["outside"] for r in res),
+                                "in_process_student_ms": max(r["claimed_student_s"] for r in res) * 1e3,
+                                "in_process_fully_shard_ms": max(r["claimed_torch_s"] for r in res) * 1e3}
+
+
+@pytest.mark.part("D")
+@pytest.mark.points(0)
+def test_cpu_step_time_vs_fully_shard(impl, seed, record_perf):
+    """Informational on CPU (gloo, 2 ranks, 4 MLP blocks d=64, h=256): one training step (forward,
+    backward, AdamW) of ``FSDP(prefetch=True)`` over torch's ``fully_shard``'s, same run,
+    interleaved; the timed steps' outputs and gradients are checked. The figure is CPU time: gloo's
+    threads run outside the per-call thread clocks, and where the worker's whole CPU time is not
+    explained by the per-call claims (``in_process_*``) the rest is charged to your FSDP."""
+    ratio, figures = step_time(impl, seed, 2, PERF_CPU, 8, "cpu", timeout=T)
+    record_perf("fsdp_step_vs_fully_shard_cpu", ratio, **figures)
+
+
+@pytest.mark.gpu
+@pytest.mark.part("D")
+@pytest.mark.perf("fsdp_step_vs_fully_shard")
+def test_step_time_vs_fully_shard(impl, seed, lab, record_perf):
+    """NCCL on the visible GPUs (W of them, 1 on a one-GPU runner): 12 MLP blocks d=2048, h=8192,
+    float32 (403M parameters), 32 rows per rank; ratio = your step time / ``fully_shard``'s (lower is
+    better)."""
+    W = torch.cuda.device_count()
+    ratio, figures = step_time(impl, seed, W, PERF_GPU, 32, "cuda", timeout=110.0)
+    threshold = lab.perf["fsdp_step_vs_fully_shard"]
+    assert ratio < threshold.zero_credit, (
+        f"a training step of FSDP takes {ratio:.3g}x the time of torch's fully_shard; no performance credit at "
+        f">= {threshold.zero_credit}x, full credit at <= {threshold.full_credit}x ({figures})")
+    record_perf("fsdp_step_vs_fully_shard", ratio, **figures)

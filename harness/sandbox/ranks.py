@@ -144,8 +144,9 @@ class RankProxy:
                                  "forbids collectives here (point-to-point send/recv only)")
         return Call(value.get("out"), value["args"], [x is True for x in value["same"]], comm, m)
 
-    def build_model(self, spec: dict, state: dict, device: str = "cpu"):
-        """A trusted :class:`TrainNet` (``spec``, loaded with the state dict ``state``) built
+    def build_model(self, spec: dict, state: dict | None, device: str = "cpu"):
+        """A trusted :class:`TrainNet` (``spec``, loaded with the state dict ``state``; None:
+        ``seeded_state(spec, spec["seed"])`` drawn on the rank, for a model too large to send) built
         on this rank, on ``device``; returns a handle to it."""
         return _sb.run_probe("build_model", on=self.impl, spec=spec, state=state, device=str(device),
                              what=f"rank {self.rank}: building the model")[0]
@@ -156,11 +157,21 @@ class RankProxy:
         return _sb.run_probe("torch_ddp", target=model, bucket_cap_mb=float(bucket_cap_mb),
                              what=f"rank {self.rank}: wrapping the model in torch's DDP")[0]
 
-    def step_fn(self, module):
+    def fully_shard(self, model, units: list):
+        """torch's ``fully_shard`` (FSDP2, ``reshard_after_forward=True``) on every module of
+        ``units`` (handles) and then on ``model`` (a handle) on this rank, trusted code: the baseline
+        of a fully sharded step time. Returns the handle of the sharded ``model``."""
+        return _sb.run_probe("fully_shard", target=model, units=list(units),
+                             what=f"rank {self.rank}: applying torch's fully_shard")[0]
+
+    def step_fn(self, module, adamw: dict | None = None, digests: bool = False):
         """A handle to ``step(x, grad_output) -> [out, grads]``: forward of ``module`` (a
-        handle), backward, the gradients taken off the parameters (``probes.probe_step_fn``). What
+        handle), backward, the gradients taken off the parameters (each as its ``digest`` with
+        ``digests``), then with ``adamw`` (``torch.optim.AdamW``'s keyword arguments) an AdamW
+        step on ``module.parameters()`` (``probes.probe_step_fn``). What
         :func:`harness.toolkit.timed` times for a training step."""
-        return _sb.run_probe("step_fn", target=module, what=f"rank {self.rank}: a step function")[0]
+        return _sb.run_probe("step_fn", target=module, adamw=adamw, digests=bool(digests),
+                             what=f"rank {self.rank}: a step function")[0]
 
     def stage_stats(self, model, reset: bool = False) -> dict | None:
         """What a watched :class:`TrainNet` (``spec["watch"]``) on this rank saw: ``rows`` (of

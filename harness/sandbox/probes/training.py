@@ -5,6 +5,8 @@ import contextlib
 import weakref
 
 import torch
+from torch.distributed.device_mesh import DeviceMesh
+from torch.distributed.fsdp import fully_shard as _FULLY_SHARD  # lab 15's baseline (torch._dynamo imports it anyway)
 
 from .comm import _ACTIVE
 from .common import _gc_collect, detach_tree
@@ -15,6 +17,7 @@ from .measure import _watched
 # --- training steps (data-parallel labs): a trusted model on the rank, one backward watched ----------
 
 _TORCH_DDP = torch.nn.parallel.DistributedDataParallel  # the lab 07 baseline, bound before any submission
+_TORCH_ADAMW = torch.optim.AdamW
 _saved_tensors_hooks = torch.autograd.graph.saved_tensors_hooks
 
 
@@ -161,11 +164,42 @@ def _ready_event(name: str):
 _MODEL_OBJECTS: dict = {}  # id(TrainNet) -> weak references to its Parameter and buffer objects as built (probe_wraps)
 
 
+def seeded_state(spec: dict, seed: int) -> dict:
+    """A :class:`TrainNet` state drawn from ``seed`` (one CPU generator, layers in order, float32):
+    ``layers.<name>.weight`` randn(out, in) / sqrt(in), ``.bias`` randn(out) * 0.1 (``spec``'s
+    ties share their source's tensor), ``scale`` 1 + rand(out) / 4. The rank builds a large model
+    from it (:func:`probe_build_model` with ``state=None``: nothing large crosses the wire) and the
+    grader's float64 oracle draws the same numbers."""
+    g = torch.Generator().manual_seed(int(seed) % 2**63)
+    state = {}
+    for L in spec["layers"]:
+        d_in, d_out = int(L["in"]), int(L["out"])
+        state[f"layers.{L['name']}.weight"] = torch.randn(d_out, d_in, generator=g) / d_in ** 0.5
+        if L.get("bias", True):
+            state[f"layers.{L['name']}.bias"] = torch.randn(d_out, generator=g) * 0.1
+    for src, dst, attr in spec.get("ties", []):
+        state[f"layers.{dst}.{attr}"] = state[f"layers.{src}.{attr}"]
+    state["scale"] = 1 + torch.rand(int(spec["layers"][-1]["out"]), generator=g) / 4
+    return state
+
+
+def digest(t: torch.Tensor) -> torch.Tensor:
+    """Three float64 numbers that stand for a tensor a timed step produced (so that gigabytes of
+    gradients need not cross the wire): ``[sum, sum of t * cos(index), sum of |t|, sum of t**2]``
+    over the flattened tensor (a ``DTensor``: its local shard), float64, shape ``(4,)``, on the CPU.
+    The grader computes the same of its oracle's tensor: the signed sums agree within a fraction of
+    the third, the last two within a fraction of themselves (a gradient W times too large, or one
+    rank's own, changes both)."""
+    t = (t.to_local() if hasattr(t, "to_local") else t).detach().reshape(-1).double()
+    w = torch.arange(t.numel(), dtype=torch.float64, device=t.device).cos_()
+    return torch.stack([t.sum(), (t * w).sum(), t.abs().sum(), t.square().sum()]).cpu()
+
+
 def probe_build_model(module, spec, state, device="cpu"):
-    """A :class:`TrainNet` from ``spec`` with ``state`` (a state dict, strict) kept on this rank,
-    on ``device`` (e.g. ``"cuda:1"``)."""
+    """A :class:`TrainNet` from ``spec`` with ``state`` (a state dict, strict; None: the
+    :func:`seeded_state` of ``spec["seed"]``) kept on this rank, on ``device`` (e.g. ``"cuda:1"``)."""
     net = TrainNet(spec)
-    net.load_state_dict(state, strict=True)
+    net.load_state_dict(seeded_state(spec, spec["seed"]) if state is None else state, strict=True)
     net.to(torch.device(device))
     # weak references: a sharding wrapper must be able to free the originals (lab 15 counts them while they live)
     _MODEL_OBJECTS[id(net)] = {"params": {n: weakref.ref(p) for n, p in net.named_parameters()},
@@ -205,22 +239,39 @@ def probe_torch_ddp(module, target, bucket_cap_mb):
     return _TORCH_DDP(target, bucket_cap_mb=float(bucket_cap_mb)), {"keep": True}
 
 
-def probe_step_fn(module, target):
+def probe_step_fn(module, target, adamw=None, digests=False):
     """A training step of ``target`` (a module or a wrapper of one) as one callable, kept here
     for :func:`probe_timed`: ``step(x, grad_output)`` runs ``out = target(x)``,
-    ``out.backward(grad_output)``, sets every parameter's ``.grad`` of ``target`` to None (no
-    update: each call does the same work) and returns ``[out, grads]``: ``out`` detached and
-    the gradients it set, in ``target.parameters()`` order (None where none), so that a
-    timed step is graded on what it computed."""
+    ``out.backward(grad_output)``, takes every parameter's ``.grad`` of ``target`` and returns
+    ``[out, grads]``: ``out`` detached and the gradients, in ``target.parameters()`` order (None
+    where none; with ``digests``, each gradient's :func:`digest`), so that a timed step is graded on
+    what it computed. Then, with ``adamw`` (keyword arguments of ``torch.optim.AdamW``, built
+    here on ``target.parameters()``), ``optimizer.step()`` and ``zero_grad(set_to_none=True)``;
+    without, every ``.grad`` is set to None (no update: each call does the same work)."""
+    opt = _TORCH_ADAMW(target.parameters(), **adamw) if adamw is not None else None
+
     def step(x, grad_output):
         out = target(x)
         torch.autograd.backward(out, grad_output)
-        grads = []
+        grads = [None if p.grad is None else digest(p.grad) if digests else p.grad for p in target.parameters()]
+        if opt is not None:
+            opt.step()
+            opt.zero_grad(set_to_none=True)
         for p in target.parameters():
-            grads.append(p.grad)
             p.grad = None
         return [out.detach(), grads]
     return step, {"keep": True}
+
+
+def probe_fully_shard(module, target, units):
+    """torch's FSDP2 on this rank (trusted code, the baseline of lab 15's step time):
+    ``fully_shard(unit, reshard_after_forward=True)`` on every module of ``units`` (handles, in
+    order), then on ``target``, the root, over the world group on the parameters' device type (a
+    CPU model on a GPU runner stays on gloo); ``target`` itself is returned, kept here."""
+    mesh = DeviceMesh.from_group(torch.distributed.group.WORLD, next(target.parameters()).device.type)
+    for u in units:
+        _FULLY_SHARD(u, mesh=mesh, reshard_after_forward=True)
+    return _FULLY_SHARD(target, mesh=mesh, reshard_after_forward=True), {"keep": True}
 
 
 def probe_state(module, target):
