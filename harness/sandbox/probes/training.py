@@ -166,25 +166,28 @@ _MODEL_OBJECTS: dict = {}  # id(TrainNet) -> weak references to its Parameter an
 
 def seeded_state(spec: dict, seed: int) -> dict:
     """A :class:`TrainNet` state drawn from ``seed`` (one CPU generator, layers in order, float32):
-    ``layers.<name>.weight`` randn(out, in) / sqrt(in), ``.bias`` randn(out) * 0.1 (``spec``'s
-    ties share their source's tensor), ``scale`` 1 + rand(out) / 4. The rank builds a large model
-    from it (:func:`probe_build_model` with ``state=None``: nothing large crosses the wire) and the
-    grader's float64 oracle draws the same numbers."""
+    ``layers.<name>.weight`` randn(out, in) / sqrt(in), ``.bias`` randn(out) * 0.1, ``scale``
+    1 + rand(out) / 4 (a spec with ties raises ValueError). The rank builds a large model
+    from it (:func:`probe_build_model` with ``state=None``: nothing large crosses the wire, and one
+    tensor at a time is on the CPU) and the grader's float64 oracle draws the same numbers."""
+    return dict(_seeded_tensors(spec, seed))
+
+
+def _seeded_tensors(spec: dict, seed: int):
+    """``(name, tensor)`` of :func:`seeded_state`, drawn one at a time."""
+    if spec.get("ties"):
+        raise ValueError(f"seeded_state: a spec with ties ({spec['ties']}) is not drawn from a seed; send a state")
     g = torch.Generator().manual_seed(int(seed) % 2**63)
-    state = {}
     for L in spec["layers"]:
         d_in, d_out = int(L["in"]), int(L["out"])
-        state[f"layers.{L['name']}.weight"] = torch.randn(d_out, d_in, generator=g) / d_in ** 0.5
+        yield f"layers.{L['name']}.weight", torch.randn(d_out, d_in, generator=g) / d_in ** 0.5
         if L.get("bias", True):
-            state[f"layers.{L['name']}.bias"] = torch.randn(d_out, generator=g) * 0.1
-    for src, dst, attr in spec.get("ties", []):
-        state[f"layers.{dst}.{attr}"] = state[f"layers.{src}.{attr}"]
-    state["scale"] = 1 + torch.rand(int(spec["layers"][-1]["out"]), generator=g) / 4
-    return state
+            yield f"layers.{L['name']}.bias", torch.randn(d_out, generator=g) * 0.1
+    yield "scale", 1 + torch.rand(int(spec["layers"][-1]["out"]), generator=g) / 4
 
 
 def digest(t: torch.Tensor) -> torch.Tensor:
-    """Three float64 numbers that stand for a tensor a timed step produced (so that gigabytes of
+    """Four float64 numbers that stand for a tensor a timed step produced (so that gigabytes of
     gradients need not cross the wire): ``[sum, sum of t * cos(index), sum of |t|, sum of t**2]``
     over the flattened tensor (a ``DTensor``: its local shard), float64, shape ``(4,)``, on the CPU.
     The grader computes the same of its oracle's tensor: the signed sums agree within a fraction of
@@ -198,9 +201,15 @@ def digest(t: torch.Tensor) -> torch.Tensor:
 def probe_build_model(module, spec, state, device="cpu"):
     """A :class:`TrainNet` from ``spec`` with ``state`` (a state dict, strict; None: the
     :func:`seeded_state` of ``spec["seed"]``) kept on this rank, on ``device`` (e.g. ``"cuda:1"``)."""
-    net = TrainNet(spec)
-    net.load_state_dict(seeded_state(spec, spec["seed"]) if state is None else state, strict=True)
-    net.to(torch.device(device))
+    with torch.device(device):  # built where it runs: a large model never sits whole on the CPU
+        net = TrainNet(spec)
+    if state is None:
+        own = net.state_dict()
+        with torch.no_grad():
+            for name, t in _seeded_tensors(spec, spec["seed"]):
+                own[name].copy_(t)
+    else:
+        net.load_state_dict(state, strict=True)
     # weak references: a sharding wrapper must be able to free the originals (lab 15 counts them while they live)
     _MODEL_OBJECTS[id(net)] = {"params": {n: weakref.ref(p) for n, p in net.named_parameters()},
                                "buffers": {n: weakref.ref(b) for n, b in net.named_buffers()}}
