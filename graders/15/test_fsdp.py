@@ -370,7 +370,7 @@ def oracle(seed, spec, W, plan, ranks, optim=None):
         full["scale"] = state["scale"].double()
         for gr in ranks:
             x, go = batch(seed, gr, step, spec)
-            y = _forward(full, spec, x)
+            y = train_net(full, spec, x)
             gs = torch.autograd.grad((y * go.double()).sum(), [params[n] for n in sorted(trainable)])
             for n, g in zip(sorted(trainable), gs):
                 acc[n] += g / len(ranks)
@@ -409,15 +409,6 @@ def optimizer_step(optim, p, g, state):
     v.mul_(b2).addcmul_(g, g, value=1 - b2)
     denom = (v.sqrt() / math.sqrt(1 - b2 ** t)).add_(eps)
     p.addcdiv_(m, denom, value=-lr / (1 - b1 ** t))
-
-
-def _forward(full, spec, x):
-    h = x.double()
-    for i, L in enumerate(spec["layers"]):
-        h = h @ full[f"layers.{L['name']}.weight"].T + full[f"layers.{L['name']}.bias"]
-        if i < len(spec["layers"]) - 1:
-            h = torch.tanh(h)
-    return h * full["scale"]
 
 
 def check_training(results, seed, spec, W, plan, ranks=None, optim=None, what=""):
@@ -666,7 +657,7 @@ def oracle_group(seed, spec, members):
     acc = {n: torch.zeros_like(params[n]) for n in names}
     for gr in members:
         x, go = batch(seed, gr, 0, spec)
-        gs = torch.autograd.grad((_forward(full, spec, x) * go.double()).sum(), [params[n] for n in names])
+        gs = torch.autograd.grad((train_net(full, spec, x) * go.double()).sum(), [params[n] for n in names])
         for n, g in zip(names, gs):
             acc[n] += g / len(members)
     return acc
@@ -685,7 +676,7 @@ def local_grads(seed, spec, plan, rank, W, optim=None):
         now = state if step == 0 else steps[step - 1]["params"]
         params = {n: now[n].double().clone().requires_grad_(n in trainable) for n, _, _ in params_of(spec)}
         x, go = batch(seed, rank, step, spec)
-        y = _forward(dict(params, scale=state["scale"].double()), spec, x)
+        y = train_net(dict(params, scale=state["scale"].double()), spec, x)
         out.append(dict(zip(trainable, torch.autograd.grad((y * go.double()).sum(), [params[n] for n in trainable]))))
     return out
 
@@ -888,7 +879,7 @@ def test_no_grad_forward_frees_every_gathered_buffer(cases):
     bound = resident_bound(BIG, W, prefetch=False)
     for out in cases(WATCHED, "watched"):
         x, _ = batch(seed, out["rank"], 99, BIG)
-        want = _forward(dict(oracle_state, scale=state["scale"].double()), BIG, x)
+        want = train_net(dict(oracle_state, scale=state["scale"].double()), BIG, x)
         ng = out["no_grad"]
         assert_close(ng["y"], want, atol=ATOL, rtol=RTOL, what="output under torch.no_grad()",
                      case=f"W={W}, rank {out['rank']}, after two AdamW steps")
