@@ -13,7 +13,8 @@ Checks and inputs (``harness.testing``)
   ``expect_raises``
 
 Sandbox calls and probes (``harness.sandbox.calls``, ``.timing``; student code runs only in the worker)
-  ``measure``, ``timed``, ``restart``, ``source``, ``is_instance``, ``is_remote``,
+  ``measure``, ``timed``, ``against_twin`` (a multi-rank baseline's time checked against its
+  clean twin's), ``restart``, ``source``, ``is_instance``, ``is_remote``,
   ``vjp``, ``gradcheck``, ``param_grads``, ``saved_tensors``, ``call_views``,
   ``fill_held``, ``held_bytes``, ``held_storages``, ``watch_storages``,
   ``resident_bytes``, ``SandboxError``
@@ -44,7 +45,7 @@ Ranks of the multi-rank labs (``harness.sandbox.ranks``)
   collective name), ``RankError``, ``RankTimeout``, ``Step`` (what ``rk.backward``
   saw), ``TrainNet`` (the trusted model a data-parallel grader trains), ``seeded_state`` (its
   weights drawn from a seed: a large model built on the rank, the same numbers for the oracle),
-  ``digest`` (three numbers standing for a tensor a timed step returns)
+  ``digest`` (four numbers standing for a tensor a timed step returns)
 
 Bench and allocations (``harness.bench``, ``harness.alloc``)
   ``geomean``, ``attention_flops``, ``AllocationTracker``
@@ -63,7 +64,7 @@ from .sandbox.probes.recompute import GradScalerAdapter, RecomputeNet
 from .sandbox.probes.training import TrainNet, digest, seeded_state
 from .sandbox.ranks import DATA_COLLECTIVES, RankError, RankTimeout, Step, View
 from .sandbox.ranks import run as run_ranks
-from .sandbox.timing import timed
+from .sandbox.timing import against_twin, timed
 from .sandbox.worker import SandboxError, is_remote
 from .testing import (DTYPES, MiB, assert_close, assert_memory, assert_storage_unchanged, call_id, checked, devices,
                       expect_raises, imported_names, measure_checked, one_thread, randn, tolerance)
@@ -73,7 +74,7 @@ __all__ = [
     "DTYPES", "MiB", "devices", "tolerance", "randn", "call_id", "assert_close", "assert_memory", "checked",
     "measure_checked", "expect_raises", "assert_storage_unchanged", "imported_names", "one_thread",
     # sandbox calls and probes
-    "measure", "timed", "restart", "source", "is_instance", "is_remote", "vjp", "gradcheck", "param_grads",
+    "measure", "timed", "against_twin", "restart", "source", "is_instance", "is_remote", "vjp", "gradcheck", "param_grads",
     "saved_tensors", "call_views", "fill_held", "held_bytes", "held_storages", "watch_storages", "resident_bytes",
     "SandboxError",
     # recomputation and loss scaling

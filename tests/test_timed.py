@@ -249,3 +249,48 @@ def test_a_ratio_near_a_band_edge_gets_the_same_credit_on_every_regrade(tmp_path
         assert len(set(credits)) == 1, f"credits {credits} from ratios {ratios}"
     finally:
         sb.close()
+
+
+# A submission that slows torch's fully_shard beside it: at import it wraps AdamW.step so that a step over
+# DTensor parameters (fully_shard's, never the submission's own shards) burns 0.3 s of CPU first
+SLOWS_THE_BASELINE = '''
+
+import time as _time
+
+_adamw_step = torch.optim.AdamW.step
+
+
+def _slow_step(self, *args, **kwargs):
+    if any(type(p).__name__ == "DTensor" for g in self.param_groups for p in g["params"]):
+        end = _time.thread_time() + 0.3
+        while _time.thread_time() < end:
+            pass
+    return _adamw_step(self, *args, **kwargs)
+
+
+torch.optim.AdamW.step = _slow_step
+'''
+
+
+def test_a_multi_rank_baseline_slowed_by_the_submission_is_graded_against_its_clean_twin(tmp_path):
+    """Lab 15's step time against torch's fully_shard, whose ranks must share the submission's
+    processes: its time beside the submission is graded within a factor of its time on twin ranks
+    that never imported the submission (``run_ranks(clean=True)``, ``against_twin``)."""
+    from harness import grading
+    from harness.sandbox.timing import TWIN_TOLERANCE
+
+    from .conftest import ROOT, course
+    c = course()
+    lab = c.lab("15")
+    sub = tmp_path / "15"
+    sub.mkdir()
+    (sub / lab.filename).write_text((ROOT / "solutions" / "15" / lab.filename).read_text() + SLOWS_THE_BASELINE)
+    result = grading.grade(tmp_path, lab, c, seed=5, select="cpu_step_time")
+    (test,) = result.tests
+    assert test.outcome == "passed", test.output
+    (perf,) = test.perf
+    f = perf["figures"]
+    assert f["fully_shard_beside_you_ms"] > 300, f"the patch did not slow the baseline beside it: {f}"
+    assert f["fully_shard_alone_ms"] < 100, f"the twin ranks ran the submission's patch: {f}"
+    assert f["baseline_clamped"] == 1.0 and f["fully_shard_ms"] <= TWIN_TOLERANCE["cpu"] * f["fully_shard_alone_ms"] * 1.001
+    assert perf["ratio"] == pytest.approx(f["student_ms"] / f["fully_shard_ms"], rel=1e-6)

@@ -51,8 +51,8 @@ from . import isolation
 from .outside import HARD_CAP, loopback_tx_bytes, tcp_retransmits
 from .probes.comm import COLLECTIVES, DATA_COLLECTIVES, P2P  # noqa: F401  (graders name them)
 from .wire import View  # noqa: F401  (graders send views with their base)
-from .worker import (Budget, RemoteModule, Sandbox, SandboxError, WorkerConfig, WorkerCrashed,
-                     WorkerTimeout)
+from .worker import (Budget, RemoteModule, Sandbox, SandboxError, SandboxStartError, WorkerConfig,
+                     WorkerCrashed, WorkerTimeout)
 
 ERROR_GRACE_S = 3.0  # after one rank fails, how long the others get to report before the worker is killed
 _GLOO_TIMEOUT = "Timed out waiting"
@@ -163,6 +163,11 @@ class RankProxy:
         of a fully sharded step time. Returns the handle of the sharded ``model``."""
         return _sb.run_probe("fully_shard", target=model, units=list(units),
                              what=f"rank {self.rank}: applying torch's fully_shard")[0]
+
+    def nothing(self):
+        """A handle to a callable that does nothing: the candidate beside a trusted baseline timed
+        alone (``timed(rk.nothing(), baseline, ...)`` on clean twin ranks)."""
+        return _sb.run_probe("nothing", on=self.impl, what=f"rank {self.rank}: a no-op")[0]
 
     def step_fn(self, module, adamw: dict | None = None, digests: bool = False):
         """A handle to ``step(x, grad_output) -> [out, grads]``: forward of ``module`` (a
@@ -289,11 +294,13 @@ _LOCAL_BUDGETS: dict = {}
 _LOCK = threading.Lock()
 
 
-def _group_for(impl, world_size: int) -> _RankGroup:
-    """The rank group of ``impl`` (a sandboxed module, or a module imported locally) with W ranks."""
+def _group_for(impl, world_size: int, clean: bool = False) -> _RankGroup:
+    """The rank group of ``impl`` (a sandboxed module, or a module imported locally) with W ranks;
+    ``clean``: its twin, the same sandbox with an empty module in place of the implementation
+    (ranks no submission code ever ran in) and a budget of its own."""
     if isinstance(impl, RemoteModule):
         base = impl._sandbox
-        key = (id(base), world_size)
+        key = (id(base), world_size, clean)
         cfg = dataclasses.replace(base.cfg, servers=world_size, ranks=True)
         path, name, budget = Path(impl.__file__), impl.__name__, base.budget
     else:
@@ -301,10 +308,13 @@ def _group_for(impl, world_size: int) -> _RankGroup:
         if not file:
             raise ValueError(f"impl must be the lab's implementation module, got {impl!r}")
         path = Path(file).resolve()
-        key = (str(path), world_size)
+        key = (str(path), world_size, clean)
         cfg = WorkerConfig(module_source=path.read_text(errors="replace"), module_filename=path.name,
                            servers=world_size, ranks=True)
         name, budget = getattr(impl, "__name__", path.stem), _LOCAL_BUDGETS.setdefault(str(path), Budget())
+    if clean:
+        cfg = dataclasses.replace(cfg, module_source="", stub_source=None, api=[])
+        budget = Budget()
     with _LOCK:
         group = _GROUPS.get(key)
         if group is None:
@@ -344,7 +354,7 @@ class Results(list):
 
 
 def run(body: Callable, world_size: int, *args, impl, timeout: float = 30.0, device: str = "cpu",
-        **kwargs) -> Results:
+        clean: bool = False, **kwargs) -> Results:
     """Run ``body(rk, *args, **kwargs)`` for each of ``world_size`` ranks; return the W results
     (a :class:`Results`, which also carries the run's ``loopback_bytes``).
 
@@ -354,14 +364,30 @@ def run(body: Callable, world_size: int, *args, impl, timeout: float = 30.0, dev
     ``AssertionError``s, so a test fails with the message. ``ValueError`` for
     ``world_size < 1``. An infrastructure failure (the sandbox could not start)
     propagates as ``harness.sandbox.SandboxStartError``.
+
+    ``clean=True`` runs the body on twin ranks that never import the implementation (an empty
+    module: ``rk.impl`` has nothing), for trusted work that must not share a process with the
+    submission, e.g. a baseline timed where no submission code could slow it. Any failure there is
+    the infrastructure's, never the submission's: it raises ``SandboxStartError``.
     """
+    __tracebackhide__ = True
+    if clean:
+        try:
+            return _run(body, world_size, *args, impl=impl, timeout=timeout, device=device, clean=True, **kwargs)
+        except (RankError, RankTimeout) as e:
+            raise SandboxStartError(f"the trusted twin ranks (no submission code) failed: {e}"[:4000]) from None
+    return _run(body, world_size, *args, impl=impl, timeout=timeout, device=device, clean=False, **kwargs)
+
+
+def _run(body: Callable, world_size: int, *args, impl, timeout: float, device: str, clean: bool,
+         **kwargs) -> Results:
     __tracebackhide__ = True  # pytest shows the ranks' message, not this function
     if world_size < 1:
         raise ValueError(f"world_size must be >= 1, got {world_size}")
     if not callable(body):
         raise ValueError(f"body must be a function, got {body!r}")
     backend = choose_backend(device, world_size)
-    group = _group_for(impl, world_size)
+    group = _group_for(impl, world_size, clean)
     sb = group.sandbox
     sb.failed = None
     sb.cfg.call_timeout_s = timeout

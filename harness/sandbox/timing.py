@@ -29,6 +29,9 @@ OUTSIDE_FIXED_S = 2e-3   # ... plus this, plus twice the measured round trip and
 CPU_TICK_S = 0.03        # /proc CPU times count clock ticks (10 ms): both ends' rounding and a margin
 BASELINE_TOLERANCE = 3.0  # a trusted baseline's worker median is graded within this factor of ours
 MAX_ROUNDS = 3            # measurements of one ratio at most, while its interval straddles a band edge
+# a baseline timed next to the submission is graded within this factor of its clean twin's time: on a
+# GPU runner the two runs see the same quiet device; on a shared CPU the load swings in between
+TWIN_TOLERANCE = {"cuda": 1.5, "cpu": BASELINE_TOLERANCE}
 
 
 @dataclasses.dataclass
@@ -112,6 +115,21 @@ def _pair_ratio(pairs: list) -> tuple[float, tuple[float, float]]:
     n = len(xs)
     k = max(0, int((n - 1.96 * math.sqrt(n)) // 2))
     return bench._median(xs), (xs[k], xs[n - 1 - k])
+
+
+def against_twin(worker_s: float, twin_s: float, device="cpu") -> tuple[float, bool]:
+    """A baseline that can only run next to the submission (a multi-rank baseline such as torch's
+    DDP or ``fully_shard``, timed interleaved with the candidate on the submission's ranks) checked
+    against its twin: the same baseline timed on ranks that never imported the submission
+    (``run_ranks(..., clean=True)``). ``worker_s``, ``twin_s``: the two medians, seconds per call.
+    Returns ``(graded_s, clamped)``: ``worker_s`` clamped to within ``TWIN_TOLERANCE`` of
+    ``twin_s`` (a submission that slows the baseline beside it, or lies about its time, gains at
+    most that factor), and whether it was clamped. Raises ValueError for a non-positive twin."""
+    if not (twin_s > 0 and math.isfinite(twin_s)):
+        raise ValueError(f"twin_s must be a positive number of seconds, got {twin_s!r}")
+    tol = TWIN_TOLERANCE["cuda" if str(device).startswith("cuda") else "cpu"]
+    graded = min(max(worker_s, twin_s / tol), twin_s * tol) if math.isfinite(worker_s) else twin_s * tol
+    return graded, graded != worker_s
 
 
 def timed_once(candidate, baseline, inputs, *, warmup_inputs, check=None, kwargs: dict | None = None,

@@ -272,6 +272,14 @@ def probe_step_fn(module, target, adamw=None, digests=False):
     return step, {"keep": True}
 
 
+def probe_nothing(module):
+    """A callable that does nothing, kept here: the candidate :func:`probe_timed` times beside a
+    trusted baseline timed alone (on clean twin ranks, ``ranks.run(clean=True)``)."""
+    def nothing(*args, **kwargs):
+        return None
+    return nothing, {"keep": True}
+
+
 def probe_fully_shard(module, target, units):
     """torch's FSDP2 on this rank (trusted code, the baseline of lab 15's step time):
     ``fully_shard(unit, reshard_after_forward=True)`` on every module of ``units`` (handles, in
