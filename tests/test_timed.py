@@ -272,25 +272,54 @@ torch.optim.AdamW.step = _slow_step
 '''
 
 
-def test_a_multi_rank_baseline_slowed_by_the_submission_is_graded_against_its_clean_twin(tmp_path):
-    """Lab 15's step time against torch's fully_shard, whose ranks must share the submission's
-    processes: its time beside the submission is graded within a factor of its time on twin ranks
-    that never imported the submission (``run_ranks(clean=True)``, ``against_twin``)."""
+# A lab 14 submission that slows the graders' target-only decoding in its process: at import it wraps
+# Tensor.argmax so that a call made by TargetOnly (the baseline; never the submission's own loop) burns 30 ms
+SLOWS_TARGET_ONLY = '''
+
+import sys as _sys
+import time as _time
+
+_argmax = torch.Tensor.argmax
+
+
+def _slow_argmax(self, *args, **kwargs):
+    caller = _sys._getframe(1).f_locals.get("self")
+    if type(caller).__name__ == "TargetOnly":
+        end = _time.thread_time() + 0.03
+        while _time.thread_time() < end:
+            pass
+    return _argmax(self, *args, **kwargs)
+
+
+torch.Tensor.argmax = _slow_argmax
+'''
+
+
+@pytest.mark.parametrize("number, patch, select, name, mine", [
+    ("15", SLOWS_THE_BASELINE, "cpu_step_time", "fully_shard", "student"),
+    ("14", SLOWS_TARGET_ONLY, "cpu_time_against", "target_only", "speculative")], ids=["15-fully_shard", "14-target_only"])
+def test_a_baseline_slowed_by_the_submission_is_graded_against_its_clean_twin(number, patch, select, name, mine,
+                                                                               tmp_path):
+    """A baseline that must run in the submission's processes (lab 15: torch's fully_shard on its
+    ranks; lab 14: target-only decoding of the graders' models) is slowed by the submission: its
+    time there is graded within a factor of its time where no submission code ran (twin ranks,
+    ``run_ranks(clean=True)``; the grader's own process), by ``against_twin``."""
     from harness import grading
     from harness.sandbox.timing import TWIN_TOLERANCE
 
     from .conftest import ROOT, course
     c = course()
-    lab = c.lab("15")
-    sub = tmp_path / "15"
+    lab = c.lab(number)
+    sub = tmp_path / number
     sub.mkdir()
-    (sub / lab.filename).write_text((ROOT / "solutions" / "15" / lab.filename).read_text() + SLOWS_THE_BASELINE)
-    result = grading.grade(tmp_path, lab, c, seed=5, select="cpu_step_time")
+    (sub / lab.filename).write_text((ROOT / "solutions" / number / lab.filename).read_text() + patch)
+    result = grading.grade(tmp_path, lab, c, seed=5, select=select)
     (test,) = result.tests
     assert test.outcome == "passed", test.output
     (perf,) = test.perf
     f = perf["figures"]
-    assert f["fully_shard_beside_you_ms"] > 300, f"the patch did not slow the baseline beside it: {f}"
-    assert f["fully_shard_alone_ms"] < 100, f"the twin ranks ran the submission's patch: {f}"
-    assert f["baseline_clamped"] == 1.0 and f["fully_shard_ms"] <= TWIN_TOLERANCE["cpu"] * f["fully_shard_alone_ms"] * 1.001
-    assert perf["ratio"] == pytest.approx(f["student_ms"] / f["fully_shard_ms"], rel=1e-6)
+    beside, alone, graded = f[f"{name}_beside_you_ms"], f[f"{name}_alone_ms"], f[f"{name}_ms"]
+    assert beside > 3.5 * alone, f"the patch did not slow the baseline beside it, or the twin ran it too: {f}"
+    assert f["baseline_clamped"] == 1.0 and graded <= TWIN_TOLERANCE["cpu"] * alone * 1.001, f
+    # the ratio graded is over the clamped baseline (the median of the pairs, rescaled), not the slowed one
+    assert perf["ratio"] == pytest.approx(f[f"{mine}_ms"] / graded, rel=0.25), (perf["ratio"], f)
