@@ -42,7 +42,8 @@ Ranks of the multi-rank labs (``harness.sandbox.ranks``)
   ``run_ranks`` (``harness.sandbox.ranks.run``: ``body(rk, ...)`` on W sandboxed
   ranks), ``View`` (a view sent with its base), ``DATA_COLLECTIVES`` (the
   collectives a ring implementation may not call), ``C10D_OPS`` (dispatcher op to
-  collective name), ``RankError``, ``RankTimeout``, ``Step`` (what ``rk.backward``
+  collective name), ``check_one_counter`` (both counters saw the same collectives),
+  ``RankError``, ``RankTimeout``, ``Step`` (what ``rk.backward``
   saw), ``TrainNet`` (the trusted model a data-parallel grader trains), ``seeded_state`` (its
   weights drawn from a seed: a large model built on the rank, the same numbers for the oracle),
   ``digest`` (four numbers standing for a tensor a timed step returns)
@@ -62,7 +63,7 @@ from .sandbox.calls import (build_recompute, build_spec_decoders, build_spec_mod
 from .sandbox.probes.comm import C10D_OPS
 from .sandbox.probes.recompute import GradScalerAdapter, RecomputeNet
 from .sandbox.probes.training import TrainNet, digest, seeded_state
-from .sandbox.ranks import DATA_COLLECTIVES, RankError, RankTimeout, Step, View
+from .sandbox.ranks import DATA_COLLECTIVES, RankError, RankTimeout, Step, View, check_one_counter
 from .sandbox.ranks import run as run_ranks
 from .sandbox.timing import against_twin, timed
 from .sandbox.worker import SandboxError, is_remote
@@ -86,8 +87,8 @@ __all__ = [
     # oracles
     "attention", "causal_mask", "train_net",
     # ranks
-    "run_ranks", "View", "DATA_COLLECTIVES", "C10D_OPS", "RankError", "RankTimeout", "Step", "TrainNet",
-    "seeded_state", "digest",
+    "run_ranks", "View", "DATA_COLLECTIVES", "C10D_OPS", "check_one_counter", "RankError", "RankTimeout", "Step",
+    "TrainNet", "seeded_state", "digest",
     # bench and allocations
     "geomean", "attention_flops", "AllocationTracker",
 ]

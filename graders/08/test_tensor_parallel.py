@@ -26,7 +26,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from harness.toolkit import View, assert_close, run_ranks
+from harness.toolkit import View, assert_close, check_one_counter, run_ranks
 
 T = 60.0
 ATOL = RTOL = 1e-5
@@ -627,32 +627,6 @@ def test_parallel_attention_reshapes_into_this_ranks_heads(W, L, impl, seed):
 
 
 # ----------------------------------------------------------------------------- Part C
-
-def family(op):
-    """The collective an event names, however it was spelt (``allreduce_``, ``all_reduce``, ...)."""
-    flat = op.strip("_").replace("_", "").removesuffix("base").removesuffix("coalesced")
-    for fam in ("allreduce", "allgather", "reducescatter", "alltoall", "broadcast", "reduce", "gather", "scatter"):
-        if flat.startswith(fam):
-            return fam
-    return flat
-
-
-def check_one_counter(events, case):
-    """Every collective is counted by both counters: the ``torch.distributed`` stand-ins
-    (``launch``: the functions, the group's and its backend's methods, from any thread) and the
-    dispatcher's ``c10d`` ops (``torch.ops.c10d``, this thread only) log the same collectives.
-    A backend method or a helper thread reaches the first only, a ``torch.ops.c10d`` call the
-    second only. (Functional collectives, ``_c10d_functional``, end in dispatcher ops alone and are
-    counted there.)"""
-    launched = sorted(family(e.get("op") or "") for e in events if e["k"] == "launch")
-    dispatched = sorted(family(e.get("op") or "") for e in events if e["k"] == "c10d"
-                        and ((e.get("op") or "").endswith("_") or e.get("op") == "barrier"))
-    assert launched == dispatched, (
-        f"{case}: the collectives seen through torch.distributed ({', '.join(launched) or 'none'}) are not the "
-        f"collective dispatcher ops that ran on the calling thread ({', '.join(dispatched) or 'none'}): a collective "
-        "issued on the group's backend object, from another thread or past torch.distributed; every collective goes "
-        "through torch.distributed, on the calling thread")
-
 
 def check_one_all_reduce_each_way(res, W, n, what):
     for r, out in enumerate(res):

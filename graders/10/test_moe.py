@@ -32,8 +32,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from harness.toolkit import (SandboxError, assert_close, checked, expect_raises, measure, param_grads, run_ranks,
-                              vjp)
+from harness.toolkit import (SandboxError, assert_close, check_one_counter, checked, expect_raises, measure,
+                              param_grads, run_ranks, vjp)
 
 ATOL = RTOL = 1e-5        # float32 on CPU
 GATE_ATOL = 1e-6          # gates and the aux loss: a softmax and a division in float32
@@ -423,9 +423,12 @@ def check_y(out, ref, case, variants=(), atol=ATOL, rtol=RTOL):
     """``out = (y, aux)``: ``y`` against the reference; ``variants``: (reference of a bug class, words)."""
     y, want = split_out(out, case)[0], ref["y"][0]
     if not matches(y, want, atol, rtol):
-        for alt, words in variants:
-            if matches(y, alt["y"][0], atol, rtol):
-                raise AssertionError(f"{words} ({case})")
+        # on some inputs two bug classes give the same output (a few drops that gate priority and slot
+        # priority both pick): name every class the output fits, not the first one listed
+        fits = [words for alt, words in variants if matches(y, alt["y"][0], atol, rtol)]
+        if fits:
+            raise AssertionError(f"{'; or: '.join(fits)} ({case}: the output fits {len(fits)} bug "
+                                 f"class{'es' if len(fits) > 1 else ''} on these inputs)")
     assert_close(y, want, atol=atol, rtol=rtol, case=case, what="y (sum over the kept assignments of gate * expert(x))")
 
 
@@ -959,32 +962,6 @@ def test_rank_holds_the_router_and_only_its_experts(W, impl, seed):
             f"{case}: {out['reach']['total']} bytes of tensor storage are reachable from the module, its own "
             f"parameters are {own} (largest: {out['reach']['largest']}): a rank holds the router and its experts "
             "only (no reference to the whole MoE or the other experts)")
-
-
-def family(op):
-    """The collective an event names, however it was spelt (``alltoall_base_``, ``all_to_all_single``, ...)."""
-    flat = op.strip("_").replace("_", "").removesuffix("base").removesuffix("coalesced").removesuffix("single")
-    for fam in ("allreduce", "allgather", "reducescatter", "alltoall", "broadcast", "reduce", "gather", "scatter"):
-        if flat.startswith(fam):
-            return fam
-    return flat
-
-
-def check_one_counter(events, case):
-    """Every collective is counted by both counters: the ``torch.distributed`` stand-ins
-    (``launch``: the functions, the group's and its backend's methods, from any thread) and the
-    dispatcher's ``c10d`` ops (``torch.ops.c10d``, this thread only) log the same collectives.
-    A backend method or a helper thread reaches the first only, a ``torch.ops.c10d`` call the
-    second only. (Functional collectives, ``_c10d_functional``, end in dispatcher ops alone and are
-    counted there.)"""
-    launched = sorted(family(e.get("op") or "") for e in events if e["k"] == "launch")
-    dispatched = sorted(family(e.get("op") or "") for e in events if e["k"] == "c10d"
-                        and ((e.get("op") or "").endswith("_") or e.get("op") == "barrier"))
-    assert launched == dispatched, (
-        f"{case}: the collectives seen through torch.distributed ({', '.join(launched) or 'none'}) are not the "
-        f"collective dispatcher ops that ran on the calling thread ({', '.join(dispatched) or 'none'}): a collective "
-        "issued on the group's backend object, from another thread or past torch.distributed; every collective goes "
-        "through torch.distributed, on the calling thread")
 
 
 def comm_of(events, W):

@@ -331,6 +331,35 @@ def shutdown() -> None:
             group.close()
 
 
+def collective_family(op: str) -> str:
+    """The collective an event's op names, however it was spelt (``allreduce_``, ``all_reduce``,
+    ``alltoall_base_``, ``all_to_all_single``, ...): ``allreduce``, ``allgather``, ``reducescatter``,
+    ``alltoall``, ``broadcast``, ``reduce``, ``gather``, ``scatter``, or the op flattened."""
+    flat = op.strip("_").replace("_", "").removesuffix("base").removesuffix("coalesced").removesuffix("single")
+    for fam in ("allreduce", "allgather", "reducescatter", "alltoall", "broadcast", "reduce", "gather", "scatter"):
+        if flat.startswith(fam):
+            return fam
+    return flat
+
+
+def check_one_counter(events: list, case: str) -> None:
+    """Every collective of a rank's call (``events``: ``rk.call(..., c10d=True).comm["events"]``)
+    is counted by both counters: the ``torch.distributed`` stand-ins (``launch``: the functions, the
+    group's and its backend's methods, from any thread) and the dispatcher's ``c10d`` ops
+    (``torch.ops.c10d``, this thread only) log the same collectives. A backend method or a helper
+    thread reaches the first only, a ``torch.ops.c10d`` call the second only. (Functional
+    collectives, ``_c10d_functional``, end in dispatcher ops alone and are counted there.) Raises
+    AssertionError naming ``case`` otherwise."""
+    launched = sorted(collective_family(e.get("op") or "") for e in events if e["k"] == "launch")
+    dispatched = sorted(collective_family(e.get("op") or "") for e in events if e["k"] == "c10d"
+                        and ((e.get("op") or "").endswith("_") or e.get("op") == "barrier"))
+    assert launched == dispatched, (
+        f"{case}: the collectives seen through torch.distributed ({', '.join(launched) or 'none'}) are not the "
+        f"collective dispatcher ops that ran on the calling thread ({', '.join(dispatched) or 'none'}): a collective "
+        "issued on the group's backend object, from another thread or past torch.distributed; every collective goes "
+        "through torch.distributed, on the calling thread")
+
+
 def choose_backend(device: str, world_size: int) -> str:
     """``nccl`` for ``device="cuda"`` with at least ``world_size`` GPUs, else ``gloo``."""
     if str(device).startswith("cuda"):
