@@ -114,6 +114,11 @@ class GradeResult:
     def max_score_runnable(self) -> float:
         return round(sum(t.max_score for t in self.tests if t.runnable and not t.bonus), 4)
 
+    @property
+    def bonus_runnable(self) -> float:
+        """Bonus points this hardware could grade (a GPU bonus is not run on a CPU)."""
+        return round(sum(t.max_score for t in self.tests if t.runnable and t.bonus), 4)
+
     def leaderboard(self) -> list[dict]:
         """The perf figures, as Gradescope's leaderboard lists them (ratios to 4 places; a
         name recorded by several cases gets the case id, so names stay unique)."""

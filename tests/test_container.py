@@ -211,7 +211,7 @@ def test_reference_scores_max_runnable_and_stub_zero_in_the_container(image, num
     lab = COURSE.lab(number)
     ref = grading.grade(ROOT / "solutions", lab, COURSE, sandbox="docker")
     failed = [f"{t.name}: {t.outcome}: {t.output[:300]}" for t in ref.tests if t.runnable and t.outcome != "passed"]
-    assert not failed and ref.score == pytest.approx(ref.max_score_runnable + lab.bonus_points), \
+    assert not failed and ref.score == pytest.approx(ref.max_score_runnable + ref.bonus_runnable), \
         "\n".join(failed + ref.notes)
     if number not in STUB_IN_CONTAINER:
         return
